@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# Both install into .venv first; the install is skipped when pyproject.toml has not changed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# CPU-only machines take the local CPU wheel of torch (seconds) instead of a multi-GB CUDA build.
+TORCH_CPU := torch==2.13.0
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: demo test test-slow install install-dev bench clean-demo
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	@if [ -z "$(HAS_GPU)" ]; then $(PIP) install -q $(TORCH_CPU); else $(PIP) install -q torch; fi
+	@touch $@
+
+$(VENV)/.base: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.dev: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e ".[dev,verl]"
+	@touch $@ $(VENV)/.base
+
+install: $(VENV)/.base
+install-dev: $(VENV)/.dev
+
+demo: install
+	$(VENV)/bin/sirius demo
+
+test: install-dev
+	$(PY) -m pytest -q
+
+test-slow: install-dev
+	$(PY) -m pytest -q -m slow
+
+bench: install-dev
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-demo:
+	rm -rf runs/demo demo_data

@@ -1,0 +1,1 @@
+"""Training (two-stage DAPO), inference (candidates, lifecycle, selection), evaluation and the CLI."""
