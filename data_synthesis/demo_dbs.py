@@ -1,0 +1,180 @@
+"""Small, realistic, deterministic SQLite databases that ship with the project as code.
+
+They serve the scorer demo, the tests and the nano training demo (which splits them by database into
+train and held-out). Each has foreign keys, a few hundred to a few thousand rows, text, integer, real
+and date columns, NULLs and duplicate values -- enough for joins, aggregates and filters to mean
+something. `build_demo_dbs(out_dir)` writes `<out_dir>/<db_id>/<db_id>.sqlite`; the same seed gives
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+FIRST = ["Ana", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
+         "Nora", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Uma", "Victor", "Wen", "Yara", "Zoe"]
+LAST = ["Garcia", "Smith", "Wang", "Okafor", "Muller", "Rossi", "Kim", "Novak", "Silva", "Haddad", "Tanaka",
+        "Ivanova", "Brown", "Lopez", "Dubois", "Nguyen"]
+CITIES = ["Lisbon", "Madrid", "Paris", "Berlin", "Rome", "Vienna", "Prague", "Oslo", "Dublin", "Athens"]
+COUNTRY = {"Lisbon": "Portugal", "Madrid": "Spain", "Paris": "France", "Berlin": "Germany", "Rome": "Italy",
+           "Vienna": "Austria", "Prague": "Czechia", "Oslo": "Norway", "Dublin": "Ireland", "Athens": "Greece"}
+
+Gen = Callable[[random.Random, int], object]
+
+
+def _name(rng: random.Random, _i: int) -> str:
+    return f"{rng.choice(FIRST)} {rng.choice(LAST)}"
+
+
+def _date(lo: int, hi: int) -> Gen:
+    return lambda rng, _i: f"{rng.randint(lo, hi)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+
+
+def _fk(n: int) -> Gen:
+    return lambda rng, _i: rng.randint(1, n)
+
+
+def _maybe_null(gen: Gen, p: float) -> Gen:
+    return lambda rng, i: None if rng.random() < p else gen(rng, i)
+
+
+def _pick(options) -> Gen:
+    return lambda rng, _i: rng.choice(options)
+
+
+def _int(lo: int, hi: int) -> Gen:
+    return lambda rng, _i: rng.randint(lo, hi)
+
+
+def _real(lo: float, hi: float, nd: int = 2) -> Gen:
+    return lambda rng, _i: round(rng.uniform(lo, hi), nd)
+
+
+def _indexed(fmt: str, options) -> Gen:
+    return lambda rng, i: fmt.format(rng.choice(options), i)
+
+
+# db_id -> list of (table, n_rows, [(column, sql_type, generator, references or None)])
+# The first column of every table is an INTEGER PRIMARY KEY filled with 1..n_rows.
+SCHEMAS: dict[str, list[tuple[str, int, list[tuple[str, str, Gen, str | None]]]]] = {
+    "retail": [
+        ("customers", 400, [("name", "TEXT", _name, None), ("city", "TEXT", _pick(CITIES), None),
+                            ("signup_year", "INTEGER", _int(2015, 2024), None),
+                            ("email", "TEXT", _maybe_null(_indexed("{}{}@mail.com", ["ana", "ben", "kim"]), 0.1),
+                             None)]),
+        ("products", 120, [("name", "TEXT", _indexed("{} {}", ["Lamp", "Chair", "Desk", "Mug", "Pen", "Bag"]), None),
+                           ("category", "TEXT", _pick(["home", "office", "kitchen", "travel"]), None),
+                           ("price", "REAL", _real(2, 400), None),
+                           ("stock", "INTEGER", _int(0, 500), None)]),
+        ("orders", 1500, [("customer_id", "INTEGER", _fk(400), "customers"),
+                          ("order_date", "TEXT", _date(2019, 2024), None),
+                          ("status", "TEXT", _pick(["shipped", "shipped", "delivered", "cancelled", "pending"]),
+                           None)]),
+        ("order_items", 3000, [("order_id", "INTEGER", _fk(1500), "orders"),
+                               ("product_id", "INTEGER", _fk(120), "products"),
+                               ("quantity", "INTEGER", _int(1, 6), None),
+                               ("unit_price", "REAL", _real(2, 400), None)]),
+    ],
+    "university": [
+        ("departments", 12, [("name", "TEXT", _indexed("{} {}", ["Physics", "History", "Biology", "Law"]), None),
+                             ("building", "TEXT", _pick(["North Hall", "South Hall", "Main", "Annex"]), None),
+                             ("budget", "REAL", _real(1e5, 2e6, 0), None)]),
+        ("instructors", 90, [("name", "TEXT", _name, None), ("department_id", "INTEGER", _fk(12), "departments"),
+                             ("salary", "REAL", _real(40000, 160000, 0), None),
+                             ("hire_year", "INTEGER", _int(1990, 2024), None)]),
+        ("students", 800, [("name", "TEXT", _name, None), ("department_id", "INTEGER", _fk(12), "departments"),
+                           ("enrollment_year", "INTEGER", _int(2016, 2024), None),
+                           ("gpa", "REAL", _maybe_null(_real(1.5, 4.0), 0.05), None)]),
+        ("courses", 150, [("title", "TEXT", _indexed("{} {}", ["Intro to", "Advanced", "Topics in", "Seminar"]),
+                           None),
+                          ("department_id", "INTEGER", _fk(12), "departments"),
+                          ("instructor_id", "INTEGER", _fk(90), "instructors"),
+                          ("credits", "INTEGER", _pick([2, 3, 3, 4, 6]), None)]),
+        ("enrollments", 2500, [("student_id", "INTEGER", _fk(800), "students"),
+                               ("course_id", "INTEGER", _fk(150), "courses"),
+                               ("semester", "TEXT", _pick(["Fall 2023", "Spring 2024", "Fall 2024"]), None),
+                               ("grade", "TEXT", _maybe_null(_pick(["A", "B", "C", "D", "F"]), 0.1), None)]),
+    ],
+    "library": [
+        ("authors", 150, [("name", "TEXT", _name, None), ("nationality", "TEXT", _pick(list(COUNTRY.values())), None),
+                          ("birth_year", "INTEGER", _int(1900, 1995), None)]),
+        ("books", 700, [("title", "TEXT", _indexed("The {} {}", ["River", "Garden", "Winter", "Map", "Letter"]), None),
+                        ("author_id", "INTEGER", _fk(150), "authors"),
+                        ("genre", "TEXT", _pick(["novel", "poetry", "history", "science", "mystery"]), None),
+                        ("publish_year", "INTEGER", _int(1950, 2024), None),
+                        ("pages", "INTEGER", _int(80, 900), None)]),
+        ("members", 500, [("name", "TEXT", _name, None), ("city", "TEXT", _pick(CITIES), None),
+                          ("join_year", "INTEGER", _int(2010, 2024), None)]),
+        ("loans", 2500, [("book_id", "INTEGER", _fk(700), "books"), ("member_id", "INTEGER", _fk(500), "members"),
+                         ("loan_date", "TEXT", _date(2020, 2024), None),
+                         ("returned", "INTEGER", _pick([0, 1, 1, 1]), None)]),
+    ],
+    "clinic": [
+        ("doctors", 60, [("name", "TEXT", _name, None),
+                         ("specialty", "TEXT", _pick(["cardiology", "pediatrics", "dermatology", "neurology"]), None),
+                         ("years_experience", "INTEGER", _int(1, 40), None)]),
+        ("patients", 900, [("name", "TEXT", _name, None), ("age", "INTEGER", _int(1, 95), None),
+                           ("gender", "TEXT", _pick(["F", "M"]), None), ("city", "TEXT", _pick(CITIES), None)]),
+        ("appointments", 3000, [("doctor_id", "INTEGER", _fk(60), "doctors"),
+                                ("patient_id", "INTEGER", _fk(900), "patients"),
+                                ("appointment_date", "TEXT", _date(2021, 2024), None),
+                                ("fee", "REAL", _real(30, 300), None),
+                                ("status", "TEXT", _pick(["completed", "completed", "cancelled", "no-show"]), None)]),
+    ],
+    "flights": [
+        ("airlines", 15, [("name", "TEXT", _indexed("{} Air {}", ["Blue", "Sun", "North", "Euro"]), None),
+                          ("country", "TEXT", _pick(list(COUNTRY.values())), None)]),
+        ("airports", 40, [("city", "TEXT", _pick(CITIES), None),
+                          ("code", "TEXT", lambda rng, i: "".join(rng.choice("ABCDEFGHKLMNPRSTVZ") for _ in range(3)),
+                           None),
+                          ("elevation", "INTEGER", _int(0, 2500), None)]),
+        ("flights", 2500, [("airline_id", "INTEGER", _fk(15), "airlines"),
+                           ("source_airport_id", "INTEGER", _fk(40), "airports"),
+                           ("dest_airport_id", "INTEGER", _fk(40), "airports"),
+                           ("departure_date", "TEXT", _date(2022, 2024), None),
+                           ("distance", "INTEGER", _int(150, 4000), None),
+                           ("price", "REAL", _real(30, 900), None)]),
+    ],
+}
+
+DEMO_DB_IDS = tuple(SCHEMAS)
+
+
+def _create_sql(table: str, columns) -> str:
+    parts = ["id INTEGER PRIMARY KEY"] + [f"{name} {sql_type}" for name, sql_type, _, _ in columns]
+    parts += [f"FOREIGN KEY ({name}) REFERENCES {ref}(id)" for name, _, _, ref in columns if ref]
+    return f"CREATE TABLE {table} (\n  " + ",\n  ".join(parts) + "\n)"
+
+
+def build_demo_db(db_id: str, path: Path, seed: int = 0) -> Path:
+    """Write one demo database to `path` (replacing it)."""
+    rng = random.Random(f"{db_id}:{seed}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp)
+    try:
+        for table, n_rows, columns in SCHEMAS[db_id]:
+            conn.execute(_create_sql(table, columns))
+            rows = [(i, *(gen(rng, i) for _, _, gen, _ in columns)) for i in range(1, n_rows + 1)]
+            conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (len(columns) + 1))})", rows)
+        conn.commit()
+    finally:
+        conn.close()
+    tmp.replace(path)  # atomic: a crash never leaves a half-written database under its real name
+    return path
+
+
+def build_demo_dbs(out_dir: str | Path, db_ids=DEMO_DB_IDS, seed: int = 0) -> list[Path]:
+    """Write every demo database under `out_dir` (skipping ones already there); returns their paths."""
+    out = Path(out_dir)
+    paths = []
+    for db_id in db_ids:
+        path = out / db_id / f"{db_id}.sqlite"
+        if not path.is_file():
+            build_demo_db(db_id, path, seed)
+        paths.append(path)
+    return paths
