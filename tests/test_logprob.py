@@ -103,13 +103,18 @@ def test_non_viewable_slice_of_logits():
     torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=1e-5)
 
 
-def test_qwen_sized_vocabulary():
-    logits, labels = _inputs(1, 3, 151_936, seed=7)
-    lp, ent = logprobs_and_entropy(logits, labels, chunk_size=2)
-    ref_lp, ref_ent = naive(logits.double(), labels)
+def test_qwen_sized_vocabulary_with_the_default_chunking():
+    logits, labels = _inputs(2, 10, 151_936, seed=7)  # 20 rows: two default chunks of 13 and 7
+    x = logits.clone().requires_grad_(True)
+    lp, ent = logprobs_and_entropy(x, labels)
+    ref = logits.double().requires_grad_(True)
+    ref_lp, ref_ent = naive(ref, labels)
     torch.testing.assert_close(lp.double(), ref_lp, rtol=0, atol=1e-5)
     torch.testing.assert_close(ent.double(), ref_ent, rtol=0, atol=1e-5)
     assert (ent > 0).all() and (ent <= torch.log(torch.tensor(151_936.0)) + 1e-4).all()
+    (lp.sum() - ent.sum()).backward()
+    (ref_lp.sum() - ref_ent.sum()).backward()
+    torch.testing.assert_close(x.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_extreme_logits_stay_finite():

@@ -13,8 +13,11 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-# Rows of (B·T, V) per chunk; picked with benchmarks/bench_logprob_entropy.py (see docs/benchmarks/).
-DEFAULT_CHUNK_SIZE = 128
+# Logits elements per chunk when chunk_size is not given: 2M (8 MiB fp32, 13 rows at V = 151,936), so the
+# chunk's work buffers stay cache-resident. Picked on CPU with benchmarks/bench_logprob_entropy.py
+# (docs/benchmarks/logprob_entropy.md: 8-16 rows were fastest there). Not measured on GPU, where kernel
+# launches per chunk dominate at this size: pass a larger chunk_size (hundreds of rows) there.
+DEFAULT_CHUNK_ELEMENTS = 2**21
 
 
 def logprobs_and_entropy(
@@ -22,7 +25,7 @@ def logprobs_and_entropy(
     labels: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(label) and entropy H(π) per position, with π = softmax(logits / temperature).
 
@@ -33,12 +36,15 @@ def logprobs_and_entropy(
     Args:
         logits: (..., V), typically (B, T, V); any dtype, need not be contiguous.
         labels: (...) int64 token ids in [0, V), same leading shape as logits.
+        chunk_size: rows per chunk; default DEFAULT_CHUNK_ELEMENTS // V.
     Returns:
         log_probs: (...) log-probability of each label.
         entropy: (...) entropy of each position's distribution, in nats.
     """
     assert labels.shape == logits.shape[:-1], f"labels {tuple(labels.shape)} vs logits {tuple(logits.shape)}"
     assert temperature > 0, f"temperature must be > 0, got {temperature}"
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // logits.shape[-1])
     assert chunk_size >= 1, f"chunk_size must be >= 1, got {chunk_size}"
     log_probs, entropy = _ChunkedLogProbEntropy.apply(logits, labels, temperature, chunk_size)
     return log_probs, entropy
