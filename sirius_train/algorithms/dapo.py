@@ -31,7 +31,7 @@ def group_advantages(rewards: torch.Tensor, *, eps: float = 1e-6) -> torch.Tenso
     Args:
         rewards: (n_groups, G) scalar reward per answer, G >= 2.
     Returns:
-        (n_groups, G) advantages, same dtype as rewards; broadcast to tokens with `adv[:, None] * mask`.
+        (n_groups, G) advantages (integer rewards give float32); per token: `adv.view(-1, 1) * response_mask`.
     """
     assert rewards.dim() == 2 and rewards.shape[1] >= 2, f"rewards must be (n_groups, G>=2), got {tuple(rewards.shape)}"
     if not rewards.is_floating_point():
@@ -115,7 +115,8 @@ def policy_loss(
         loss: 0-dim tensor to minimise.
         metrics: floats under `actor/`: pg_clipfrac (share of tokens where the clipped branch is taken, as
             verl), clipfrac_low / clipfrac_high (its split: A<0 with r<1−clip_low / A>0 with r>1+clip_high),
-            pg_clipfrac_lower (dual clip active, as verl), ppo_kl (mean of old_log_prob − log_prob).
+            pg_clipfrac_lower (dual clip active, as verl), ppo_kl (mean of old_log_prob − log_prob, clamped
+            like the ratio). Means over this call's masked tokens; weight by token count across micro-batches.
     """
     assert clip_c > 1.0, f"clip_c must be > 1 for dual clip, got {clip_c}"
     assert log_prob.shape == old_log_prob.shape == advantages.shape == response_mask.shape, (
