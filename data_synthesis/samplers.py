@@ -1,0 +1,97 @@
+"""Samplers: `n` answers per chat prompt from some policy. The one interface pass-rate estimation,
+candidate generation and evaluation use, whatever serves the model.
+
+- `HFSampler`: a Hugging Face causal LM in this process (a local path, or a live model object --
+  the trainer passes its current policy to re-estimate difficulty), batched `generate` on CPU or GPU.
+- `OpenAISampler`: any OpenAI-compatible server (vLLM's on a cluster), through `ChatClient`.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from data_synthesis.chat_client import ChatClient
+from data_synthesis.prompts import chat_text
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    def sample(self, prompts: list[list[dict]], n: int, *, temperature: float = 1.0, top_p: float = 1.0,
+               max_new_tokens: int = 256, seed: int | None = None) -> list[list[str]]:
+        """For each chat prompt, `n` completion texts (in a stable order)."""
+        ...
+
+
+class HFSampler:
+    """Batched sampling from a local Hugging Face causal LM.
+
+    Args:
+        model: a local model folder, or a loaded `PreTrainedModel`.
+        tokenizer: its tokenizer (loaded from `model` when that is a path and this is None).
+        batch_size: sequences generated together (prompts x samples are flattened, then batched).
+    """
+
+    def __init__(self, model, tokenizer=None, *, batch_size: int = 16, device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, (str, Path)):
+            path = Path(model)
+            if not path.exists():
+                raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time)")
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(device)
+        if tokenizer is None:
+            raise ValueError("a tokenizer is required when passing a loaded model")
+        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+        import torch
+
+        texts = [chat_text(self.tokenizer, p) for p in prompts]
+        flat = [t for t in texts for _ in range(n)]
+        outputs: list[str] = []
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = "left"
+        try:
+            if seed is not None:
+                torch.manual_seed(seed)
+            for start in range(0, len(flat), self.batch_size):
+                batch = self.tokenizer(flat[start:start + self.batch_size], return_tensors="pt", padding=True,
+                                       add_special_tokens=False).to(device)
+                with torch.no_grad():
+                    out = self.model.generate(**batch, do_sample=temperature > 0, temperature=temperature or None,
+                                              top_p=top_p if temperature > 0 else None, max_new_tokens=max_new_tokens,
+                                              pad_token_id=self.tokenizer.pad_token_id)
+                new = out[:, batch["input_ids"].shape[1]:]
+                outputs += self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        finally:
+            self.tokenizer.padding_side = side
+            self.model.train(was_training)
+        return [outputs[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+class OpenAISampler:
+    """Sampling through an OpenAI-compatible server; prompts are sent concurrently."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, concurrency: int = 8,
+                 timeout_s: float = 300.0):
+        self.client = ChatClient(base_url, model, api_key=api_key, timeout_s=timeout_s)
+        self.concurrency = concurrency
+
+    def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+        def one(i: int) -> list[str]:
+            return self.client.complete(prompts[i], n=n, temperature=temperature, top_p=top_p,
+                                        max_tokens=max_new_tokens, seed=None if seed is None else seed + i)
+
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(one, range(len(prompts))))
