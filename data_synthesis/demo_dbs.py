@@ -142,6 +142,84 @@ SCHEMAS: dict[str, list[tuple[str, int, list[tuple[str, str, Gen, str | None]]]]
 
 DEMO_DB_IDS = tuple(SCHEMAS)
 
+# Entities for procedurally generated databases: (table, singular, columns). Many schemas, few rows
+# each: a small model trained on three fixed schemas memorises their names; trained on dozens it has to
+# read the schema and the question -- which is what transfers to held-out databases. The held-out demo
+# databases' tables (doctors, patients, appointments, airlines, airports, flights) are kept out of here.
+_LEVELS = ["low", "medium", "high"]
+ENTITIES: list[tuple[str, str, list[tuple[str, str, Gen]]]] = [
+    ("employees", "employee", [("name", "TEXT", _name), ("department", "TEXT", _pick(["sales", "it", "hr", "ops"])),
+                               ("salary", "REAL", _real(20000, 120000, 0)), ("hire_year", "INTEGER", _int(2000, 2024))]),
+    ("projects", "project", [("title", "TEXT", _indexed("{} {}", ["Apollo", "Nova", "Orion"])),
+                             ("budget", "REAL", _real(1000, 90000, 0)), ("status", "TEXT", _pick(["open", "closed"]))]),
+    ("ships", "ship", [("name", "TEXT", _indexed("{} {}", ["Sea", "Star", "Wave"])), ("tonnage", "INTEGER", _int(500, 90000)),
+                       ("flag", "TEXT", _pick(list(COUNTRY.values()))), ("built_year", "INTEGER", _int(1960, 2023))]),
+    ("planets", "planet", [("name", "TEXT", _indexed("{}-{}", ["Kepler", "Gliese", "Tau"])),
+                           ("mass", "REAL", _real(0.1, 30)), ("moons", "INTEGER", _int(0, 80))]),
+    ("recipes", "recipe", [("title", "TEXT", _indexed("{} {}", ["Soup", "Pie", "Salad"])),
+                           ("cuisine", "TEXT", _pick(["thai", "greek", "mexican", "french"])),
+                           ("calories", "INTEGER", _int(80, 1500)), ("prep_minutes", "INTEGER", _int(5, 240))]),
+    ("songs", "song", [("title", "TEXT", _indexed("{} {}", ["Blue", "Night", "Fire"])), ("genre", "TEXT", _pick(["rock", "jazz", "pop"])),
+                       ("duration", "INTEGER", _int(90, 600)), ("release_year", "INTEGER", _int(1960, 2024))]),
+    ("artists", "artist", [("name", "TEXT", _name), ("country", "TEXT", _pick(list(COUNTRY.values()))),
+                           ("debut_year", "INTEGER", _int(1950, 2020))]),
+    ("teams", "team", [("name", "TEXT", _indexed("{} {}", ["Lions", "Hawks", "Bears"])), ("city", "TEXT", _pick(CITIES)),
+                       ("founded", "INTEGER", _int(1880, 2010))]),
+    ("players", "player", [("name", "TEXT", _name), ("position", "TEXT", _pick(["guard", "forward", "center"])),
+                           ("age", "INTEGER", _int(17, 40)), ("goals", "INTEGER", _int(0, 60))]),
+    ("hotels", "hotel", [("name", "TEXT", _indexed("Hotel {} {}", ["Royal", "Park", "Grand"])), ("city", "TEXT", _pick(CITIES)),
+                         ("stars", "INTEGER", _int(1, 5)), ("rooms", "INTEGER", _int(10, 400))]),
+    ("guests", "guest", [("name", "TEXT", _name), ("nationality", "TEXT", _pick(list(COUNTRY.values()))),
+                         ("age", "INTEGER", _int(18, 90))]),
+    ("cars", "car", [("model", "TEXT", _indexed("{} {}", ["Falcon", "Comet", "Vega"])), ("color", "TEXT", _pick(["red", "black", "white", "blue"])),
+                     ("price", "REAL", _real(5000, 90000, 0)), ("year", "INTEGER", _int(1995, 2024))]),
+    ("dealers", "dealer", [("name", "TEXT", _name), ("city", "TEXT", _pick(CITIES)), ("rating", "REAL", _real(1, 5, 1))]),
+    ("movies", "movie", [("title", "TEXT", _indexed("The {} {}", ["Last", "Silent", "Red"])),
+                         ("genre", "TEXT", _pick(["drama", "comedy", "horror", "action"])),
+                         ("runtime", "INTEGER", _int(70, 200)), ("gross", "REAL", _real(0.1, 900, 1))]),
+    ("studios", "studio", [("name", "TEXT", _indexed("{} Pictures {}", ["North", "Sun", "Iron"])),
+                           ("country", "TEXT", _pick(list(COUNTRY.values())))]),
+    ("restaurants", "restaurant", [("name", "TEXT", _indexed("{} {}", ["Chez", "Casa", "Villa"])), ("city", "TEXT", _pick(CITIES)),
+                                   ("rating", "REAL", _real(1, 5, 1)), ("seats", "INTEGER", _int(10, 200))]),
+    ("dishes", "dish", [("name", "TEXT", _indexed("{} {}", ["Risotto", "Curry", "Tacos"])), ("price", "REAL", _real(4, 60)),
+                        ("spicy", "INTEGER", _pick([0, 1]))]),
+    ("museums", "museum", [("name", "TEXT", _indexed("{} Museum {}", ["City", "Modern", "Naval"])), ("city", "TEXT", _pick(CITIES)),
+                           ("visitors", "INTEGER", _int(1000, 900000))]),
+    ("paintings", "painting", [("title", "TEXT", _indexed("{} {}", ["Sunrise", "Portrait", "Harbor"])),
+                               ("style", "TEXT", _pick(["baroque", "cubist", "modern"])), ("year", "INTEGER", _int(1500, 2020)),
+                               ("value", "REAL", _real(1000, 5e6, 0))]),
+    ("stores", "store", [("name", "TEXT", _indexed("{} {}", ["Market", "Corner", "Depot"])), ("city", "TEXT", _pick(CITIES)),
+                         ("size", "TEXT", _pick(_LEVELS))]),
+    ("suppliers", "supplier", [("name", "TEXT", _name), ("country", "TEXT", _pick(list(COUNTRY.values()))),
+                               ("reliability", "TEXT", _pick(_LEVELS))]),
+    ("parks", "park", [("name", "TEXT", _indexed("{} Park {}", ["Oak", "River", "Hill"])), ("area", "REAL", _real(1, 900)),
+                       ("city", "TEXT", _pick(CITIES))]),
+    ("events", "event", [("name", "TEXT", _indexed("{} {}", ["Festival", "Fair", "Race"])), ("event_date", "TEXT", _date(2018, 2024)),
+                         ("attendance", "INTEGER", _int(50, 50000)), ("category", "TEXT", _pick(["music", "sport", "food"]))]),
+    ("vehicles", "vehicle", [("plate", "TEXT", _indexed("{}-{}", ["AB", "KL", "ZX"])), ("kind", "TEXT", _pick(["bus", "tram", "van"])),
+                             ("capacity", "INTEGER", _int(2, 120))]),
+]
+
+
+def random_schema(db_id: str, seed: int = 0) -> list:
+    """A 3-table schema drawn from ENTITIES, in `SCHEMAS` format: the 2nd and 3rd tables reference earlier ones."""
+    rng = random.Random(f"schema:{db_id}:{seed}")
+    picked = rng.sample(ENTITIES, 3)
+    sizes = [rng.randint(40, 200), rng.randint(100, 400), rng.randint(200, 900)]
+    tables = []
+    for k, ((table, _singular, columns), n) in enumerate(zip(picked, sizes)):
+        cols = list(columns)
+        if k:
+            j = rng.randrange(k)
+            ref_table, ref_singular = picked[j][0], picked[j][1]
+            cols.insert(rng.randint(0, len(cols)), (f"{ref_singular}_id", "INTEGER", _fk(sizes[j]), ref_table))
+        tables.append((table, n, [c if len(c) == 4 else (*c, None) for c in cols]))
+    return tables
+
+
+def synthetic_db_ids(n: int) -> list[str]:
+    return [f"synth_{i:02d}" for i in range(n)]
+
 
 def _create_sql(table: str, columns) -> str:
     parts = ["id INTEGER PRIMARY KEY"] + [f"{name} {sql_type}" for name, sql_type, _, _ in columns]
@@ -150,14 +228,15 @@ def _create_sql(table: str, columns) -> str:
 
 
 def build_demo_db(db_id: str, path: Path, seed: int = 0) -> Path:
-    """Write one demo database to `path` (replacing it)."""
+    """Write one demo database to `path` (replacing it); ids not in SCHEMAS get a `random_schema`."""
     rng = random.Random(f"{db_id}:{seed}")
+    tables = SCHEMAS[db_id] if db_id in SCHEMAS else random_schema(db_id, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
     conn = sqlite3.connect(tmp)
     try:
-        for table, n_rows, columns in SCHEMAS[db_id]:
+        for table, n_rows, columns in tables:
             conn.execute(_create_sql(table, columns))
             rows = [(i, *(gen(rng, i) for _, _, gen, _ in columns)) for i in range(1, n_rows + 1)]
             conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (len(columns) + 1))})", rows)

@@ -50,8 +50,9 @@ class Schema:
         lowered = name.lower()
         return next((t for t in self.tables if t.name.lower() == lowered), None)
 
-    def to_text(self, samples: bool = True) -> str:
-        """Compact schema text for prompts: one `CREATE TABLE` per table, samples as comments.
+    def to_text(self, samples: bool = True, style: str = "ddl") -> str:
+        """Schema text for prompts: `ddl` (one `CREATE TABLE` per table, samples as comments) or `compact`
+        (one line per table, `column -> table.column` for foreign keys; for small models and short contexts).
 
         Example:
             >>> s = Schema("shop", (Table("item", (Column("id", "INTEGER", True), Column("name", "TEXT",
@@ -61,10 +62,16 @@ class Schema:
               id INTEGER PRIMARY KEY,
               name TEXT -- e.g. 'Lamp', 'Desk'
             );
+            >>> print(s.to_text(style="compact"))
+            item(id, name ['Lamp', 'Desk'])
         """
         fks: dict[str, list[ForeignKey]] = {}
         for fk in self.foreign_keys:
             fks.setdefault(fk.table.lower(), []).append(fk)
+        if style == "compact":
+            return "\n".join(self._compact_line(t, fks.get(t.name.lower(), []), samples) for t in self.tables)
+        if style != "ddl":
+            raise ValueError(f"unknown schema style {style!r}; use 'ddl' or 'compact'")
         blocks = []
         for table in self.tables:
             lines = []
@@ -85,6 +92,20 @@ class Schema:
                 rendered.append(line + sep + comment)
             blocks.append(f"CREATE TABLE {_quote(table.name)} (\n" + "\n".join(rendered) + "\n);")
         return "\n".join(blocks)
+
+
+    @staticmethod
+    def _compact_line(table: Table, fks: list[ForeignKey], samples: bool) -> str:
+        refs = {fk.column.lower(): f"{fk.ref_table}.{fk.ref_column}" for fk in fks}
+        cols = []
+        for col in table.columns:
+            text = _quote(col.name)
+            if col.name.lower() in refs:
+                text += f" -> {refs[col.name.lower()]}"
+            if samples and col.samples:
+                text += " [" + ", ".join(_literal(v) for v in col.samples) + "]"
+            cols.append(text)
+        return f"{_quote(table.name)}({', '.join(cols)})"
 
 
 def _quote(name: str) -> str:
