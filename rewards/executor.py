@@ -12,6 +12,10 @@ sends results back in batches, so the parent always knows which item is in fligh
 - a worker that dies (OOM killer, segfault, someone's `kill -9`) is replaced; the item it was running
   comes back as a typed ERROR, and the rest of its chunk is re-queued -- nothing is lost, nothing hangs.
 
+Submission never blocks: `submit_score` / `submit_execute_many` return a `concurrent.futures.Future`
+(an async caller wraps it with `asyncio.wrap_future`). Cancelling that future drops the batch's chunks
+that have not started, so a client that gave up does not keep the workers busy.
+
 `workers=0` runs a Scorer in the calling thread instead (no backstop; for tests and tiny jobs).
 """
 
@@ -28,6 +32,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -45,16 +50,16 @@ MAX_ATTEMPTS = 2  # re-sends of a chunk whose worker stalled before starting any
 
 
 class _Job:
-    """One caller's batch: results by position, and a latch the caller waits on."""
+    """One caller's batch: results by position, and the future the caller holds."""
 
-    def __init__(self, n: int, on_result: OnResult | None):
+    def __init__(self, n: int, on_result: OnResult):
         self.results: list = [None] * n
         self.remaining = n
         self.on_result = on_result
         self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.future: Future = Future()
         if n == 0:
-            self.done.set()
+            self.future.set_result([])
 
     def set(self, index: int, result) -> None:
         with self.lock:
@@ -63,10 +68,12 @@ class _Job:
             self.results[index] = result
             self.remaining -= 1
             finished = self.remaining == 0
-        if self.on_result is not None:
-            self.on_result(index, result)
+        self.on_result(index, result)
         if finished:
-            self.done.set()
+            try:
+                self.future.set_result(self.results)
+            except InvalidStateError:  # the caller cancelled it meanwhile
+                pass
 
 
 class _WorkerProcess:
@@ -171,13 +178,21 @@ class Executor:
     # ------------------------------------------------------------------ public API
     def score(self, items: Sequence[ScoreItem], on_result: OnResult | None = None) -> list[ScoreResult]:
         """Score every item; results in input order. `on_result(i, result)` fires as each finishes."""
-        keys = [(it.db_id, it.gold_sql) for it in items]
-        return self._run("score", list(items), keys, on_result)
+        return self.submit_score(items, on_result).result()
 
     def execute_many(self, queries: Sequence[tuple[str, str]], on_result: OnResult | None = None) -> list[Outcome]:
         """Run `(db_id, sql)` queries; outcomes in input order."""
+        return self.submit_execute_many(queries, on_result).result()
+
+    def submit_score(self, items: Sequence[ScoreItem], on_result: OnResult | None = None) -> Future:
+        """Like `score`, without waiting: a future of the results (cancel it to drop what has not started)."""
+        keys = [(it.db_id, it.gold_sql) for it in items]
+        return self._submit("score", list(items), keys, on_result)
+
+    def submit_execute_many(self, queries: Sequence[tuple[str, str]], on_result: OnResult | None = None) -> Future:
+        """Like `execute_many`, without waiting: a future of the outcomes."""
         keys = [(db_id, "") for db_id, _ in queries]
-        return self._run("exec", [tuple(q) for q in queries], keys, on_result)
+        return self._submit("exec", [tuple(q) for q in queries], keys, on_result)
 
     def execute(self, db_id: str, sql: str) -> Outcome:
         return self.execute_many([(db_id, sql)])[0]
@@ -192,6 +207,7 @@ class Executor:
             return self._inflight
 
     def close(self) -> None:
+        """Finish the work already submitted, then stop the workers. New submissions are refused."""
         if self._closed:
             return
         self._closed = True
@@ -203,6 +219,19 @@ class Executor:
             worker.stop()
         if self._local is not None:
             self._local.close()
+        self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        """Answer chunks still queued after the dispatchers stopped (re-queued behind the stop marks)."""
+        while True:
+            try:
+                task = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if task is not None:
+                job, kind, chunk, _ = task
+                for index, payload in chunk:
+                    job.set(index, self._failed(kind, payload, "executor closed before running it"))
 
     def __enter__(self):
         return self
@@ -211,7 +240,7 @@ class Executor:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _run(self, kind: str, payloads: list, keys: list, on_result: OnResult | None) -> list:
+    def _submit(self, kind: str, payloads: list, keys: list, on_result: OnResult | None) -> Future:
         if self._closed:
             raise RuntimeError("executor is closed")
         job = _Job(len(payloads), self._counting(on_result))
@@ -221,14 +250,13 @@ class Executor:
             with self._local_lock:
                 for i, payload in enumerate(payloads):
                     job.set(i, self._local.score(payload) if kind == "score" else self._local.execute(*payload))
-            return job.results
+            return job.future
         # Group by cache key so a chunk reuses one connection and one gold result.
         order = sorted(range(len(payloads)), key=lambda i: keys[i])
         for start in range(0, len(order), self.chunk_size):
             chunk = [(i, payloads[i]) for i in order[start:start + self.chunk_size]]
             self._queue.put((job, kind, chunk, 0))
-        job.done.wait()
-        return job.results
+        return job.future
 
     def _counting(self, on_result: OnResult | None) -> OnResult:
         def record(index: int, result) -> None:
@@ -255,6 +283,10 @@ class Executor:
             if task is None:
                 return
             job, kind, chunk, attempt = task
+            if job.future.cancelled():  # the caller gave up: skip what has not started
+                with self._stats_lock:
+                    self._inflight -= len(chunk)
+                continue
             try:
                 self._run_chunk(slot, job, kind, chunk, attempt)
             except Exception as e:  # never leave a caller waiting on a bug of ours
