@@ -44,7 +44,8 @@ class ScoreRequestItem(BaseModel):
         """The domain record: `solution_str` goes through `extract_sql` (None = format failure).
 
         Example:
-            >>> ScoreRequestItem(db_id="a", gold_sql="SELECT 1", solution_str="<answer>SELECT 2</answer>").to_score_item()
+            >>> item = ScoreRequestItem(db_id="a", gold_sql="SELECT 1", solution_str="<answer>SELECT 2</answer>")
+            >>> item.to_score_item()
             ScoreItem(db_id='a', gold_sql='SELECT 1', pred_sql='SELECT 2', compare='bird', id=None)
         """
         pred = extract_sql(self.solution_str) if "solution_str" in self.model_fields_set else self.pred_sql
