@@ -55,6 +55,8 @@ class ServerConfig:
         if self.max_batch_items < 1 or self.max_queue_items < self.max_batch_items:
             raise ValueError(f"need 1 <= max_batch_items <= max_queue_items, got {self.max_batch_items} and "
                              f"{self.max_queue_items}: a batch larger than the queue could never be admitted")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.token is not None and not self.token.strip():

@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, "--token", envvar="SIRIUS_REWARD_TOKEN", show_default=False,
                                   help="require 'Authorization: Bearer <token>' on /v1/* (health and metrics "
                                   "stay open)"),
+        chunk_size: int = typer.Option(32, "--chunk-size", help="items per message to a worker (advanced)"),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
     ):
         """Serve the execution reward over HTTP: POST /v1/score, POST /v1/execute, GET /health, GET /metrics."""
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
         try:
             config = ServerConfig(db_root, workers=workers, timeout_s=timeout, max_queue_items=max_queue,
                                   max_batch_items=max_batch, max_body_bytes=int(max_body_mb * (1 << 20)),
-                                  token=token)
+                                  token=token, chunk_size=chunk_size)
         except ValueError as e:
             stderr.print(f"[red]error:[/] {e}")
             raise typer.Exit(2) from None
