@@ -144,11 +144,47 @@ def cpu_seconds(live_pids=()) -> float:
     return total + sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in live_pids)
 
 
-def run_contender(name: str, db_root: Path, items: list[ScoreItem], workers: int = 2) -> dict:
-    """Time one contender on `items` in *this* process (call it in a fresh one): wall and CPU seconds, 1/0 per pair."""
+def drive_batches(score, items: list[ScoreItem], batch_size: int, concurrency: int) -> dict:
+    """`concurrency` client threads, each scoring the next `batch_size` slice until none is left (like rollout
+    workers sharing one scorer): wall seconds, per-batch latencies, and the results in order."""
+    import itertools
+    import threading
     import time
 
+    batches = [items[i:i + batch_size] for i in range(0, len(items), batch_size)]
+    results: list = [None] * len(batches)
+    latencies: list[float] = []
+    turns = itertools.count()
+
+    def client():
+        while (k := next(turns)) < len(batches):
+            t = time.perf_counter()
+            results[k] = score(batches[k])
+            latencies.append(time.perf_counter() - t)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"seconds": time.perf_counter() - t0, "latencies": latencies,
+            "results": [r for part in results for r in part]}
+
+
+def run_contender(name: str, db_root: Path, items: list[ScoreItem], workers: int = 2, batch_size: int = 256,
+                  concurrency: int = 4) -> dict:
+    """Time one contender on `items` in *this* process (call it in a fresh one): wall and CPU seconds, 1/0 per pair.
+
+    Batched contenders (`executor-batches`, `server`) make two passes, cold (fresh workers) then warm."""
+    import time
+
+    import psutil
+
+    from rewards.client import RewardClient
     from rewards.executor import Executor
+    from rewards.server import spawn
+    from rewards.service import ServerConfig
 
     warm_page_cache(db_root, items)
     t0, c0 = time.perf_counter(), cpu_seconds()
@@ -171,31 +207,45 @@ def run_contender(name: str, db_root: Path, items: list[ScoreItem], workers: int
             warm = time.perf_counter()
         return {"seconds": cold - started, "cpu_seconds": c2 - c1, "warm_seconds": warm - cold,
                 "startup_seconds": started - t0, "match": match}
+    elif name in ("executor-batches", "server"):
+        if name == "server":
+            server = spawn(ServerConfig(db_root, workers=workers, max_queue_items=max(16_384, len(items))))
+            client = RewardClient(server.url, batch_size=batch_size)
+            score, pids = client.score, [server.proc.pid]
+            pids += [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)]
+        else:
+            executor = Executor(db_root, workers=workers)
+            score, pids = executor.score, [w.proc.pid for w in executor._workers]
+        try:
+            c1 = cpu_seconds(pids)
+            cold = drive_batches(score, items, batch_size, concurrency)
+            c2 = cpu_seconds(pids)
+            warm = drive_batches(score, items, batch_size, concurrency)
+        finally:
+            (client.close(), server.stop()) if name == "server" else executor.close()
+        return {"seconds": cold["seconds"], "cpu_seconds": c2 - c1, "latencies": cold["latencies"],
+                "warm_seconds": warm["seconds"], "warm_latencies": warm["latencies"],
+                "timeouts": sum(r.pred_status == "timeout" or r.gold_status == "timeout" for r in cold["results"]),
+                "match": [int(r.match) for r in cold["results"]]}
     else:
         raise ValueError(f"unknown contender {name!r}")
     return {"seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - c0, "match": match}
 
 
-def isolated(name: str, db_root: Path, workers: int = 2) -> dict:
+def isolated(name: str, spider_root: Path, workers: int = 2, batch_size: int = 256, concurrency: int = 4) -> dict:
     """`run_contender` in a fresh Python process: cold caches, nothing left over from another contender."""
     import os
     import subprocess
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, __file__, name, str(db_root), str(workers)], capture_output=True, text=True,
-                         env=env, check=False)
+    argv = [sys.executable, __file__, name, str(spider_root), str(workers), str(batch_size), str(concurrency)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"contender {name} failed:\n{out.stderr}")
     return json.loads(out.stdout)
 
 
-def median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values)
-
-
 if __name__ == "__main__":
-    name, root, n_workers = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(run_contender(name, root / "databases", load_pool_pairs(root), n_workers)))
+    name, root, *numbers = sys.argv[1:]
+    print(json.dumps(run_contender(name, Path(root) / "databases", load_pool_pairs(Path(root)), *map(int, numbers))))

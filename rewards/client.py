@@ -24,11 +24,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import httpx
 
-from rewards.protocol import ExecuteResponse, HealthResponse, ScoreResponse
+from rewards.protocol import ExecuteResponse, HealthResponse, result_from_wire
 from rewards.scoring import ScoreItem, ScoreResult
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -175,11 +174,14 @@ class RewardClient:
     def _score_chunk(self, chunk: list) -> list[ScoreResult]:
         wire = [_wire_item(item, position) for position, item in enumerate(chunk)]
         response = self._post("/v1/score", json.dumps({"items": wire}).encode())
-        results = ScoreResponse.model_validate_json(response.content).results
-        if [r.id for r in results] != list(range(len(chunk))):
-            raise RewardServerError(str(response.url), 200, "bad_response", f"expected {len(chunk)} results in "
-                                    f"order, got {len(results)}: is this a SIRIUS reward server?")
-        return [replace(r.to_result(), id=_item_id(item)) for r, item in zip(results, chunk)]
+        try:
+            results = json.loads(response.content)["results"]
+            if [r["id"] for r in results] != list(range(len(chunk))):
+                raise ValueError(f"expected {len(chunk)} results in order, got {len(results)}")
+            return [result_from_wire(r, _item_id(item)) for r, item in zip(results, chunk)]
+        except (ValueError, KeyError, TypeError) as e:
+            raise RewardServerError(str(response.url), 200, "bad_response",
+                                    f"{type(e).__name__}: {e}; is this a SIRIUS reward server?") from None
 
     def _post(self, path: str, body: bytes) -> httpx.Response:
         """POST with failover and bounded retries: the first 200 response, or an exception."""

@@ -62,29 +62,34 @@ class _Job:
     """One caller's batch: results by position, and the future the caller holds.
 
     Workers answer with a raw result per distinct payload; `build(index, raw)` makes the caller's
-    result for each position that payload stands for (its own id, for scores)."""
+    result for each position that payload stands for (its own id, for scores). `record(fresh)` is
+    told of each newly answered group, once per batch (the executor's counters)."""
 
-    def __init__(self, n: int, build: Callable[[int, object], object], on_result: OnResult):
+    def __init__(self, n: int, build: Callable[[int, object], object], record: Callable[[list], None],
+                 on_result: OnResult | None):
         self.results: list = [None] * n
         self.remaining = n
-        self.build = build
-        self.on_result = on_result
+        self.build, self.record, self.on_result = build, record, on_result
         self.lock = threading.Lock()
         self.future: Future = Future()
         if n == 0:
             self.future.set_result([])
 
-    def set(self, indices: Sequence[int], raw) -> None:
-        finished = False
-        for index in indices:
-            result = self.build(index, raw)
-            with self.lock:
-                if self.results[index] is not None:  # never answer an item twice
-                    continue
-                self.results[index] = result
-                self.remaining -= 1
-                finished = self.remaining == 0
-            self.on_result(index, result)
+    def set(self, answers: Sequence[tuple[Sequence[int], object]]) -> None:
+        """Record `(positions, raw)` answers; a position already answered keeps its first answer."""
+        fresh = []
+        with self.lock:
+            for indices, raw in answers:
+                for index in indices:
+                    if self.results[index] is None:  # never answer an item twice
+                        self.results[index] = result = self.build(index, raw)
+                        fresh.append((index, result))
+            self.remaining -= len(fresh)
+            finished = bool(fresh) and self.remaining == 0
+        self.record(fresh)
+        if self.on_result is not None:
+            for index, result in fresh:
+                self.on_result(index, result)
         if finished:
             try:
                 self.future.set_result(self.results)
@@ -100,11 +105,15 @@ class _Sent:
         self.answered = [False] * len(entries)
         self.remaining = len(entries)
 
-    def answer(self, position: int, raw) -> None:
-        if not self.answered[position]:
-            self.answered[position] = True
-            self.remaining -= 1
-            self.job.set(self.entries[position][0], raw)
+    def answer(self, batch: Sequence[tuple[int, object]]) -> None:
+        """Record `(position in this chunk, raw result)` pairs from the worker."""
+        answers = []
+        for position, raw in batch:
+            if not self.answered[position]:
+                self.answered[position] = True
+                self.remaining -= 1
+                answers.append((self.entries[position][0], raw))
+        self.job.set(answers)
 
     def unanswered(self) -> list:
         return [entry for entry, done in zip(self.entries, self.answered) if not done]
@@ -270,13 +279,13 @@ class Executor:
     def _submit(self, kind: str, payloads: list, build: Callable, on_result: OnResult | None) -> Future:
         if self._closed:
             raise RuntimeError("executor is closed")
-        job = _Job(len(payloads), build, self._counting(on_result))
+        job = _Job(len(payloads), build, self._record, on_result)
         with self._stats_lock:
             self._inflight += len(payloads)
         if self._local is not None:
             with self._local_lock:
                 for i, payload in enumerate(payloads):
-                    job.set((i,), self._local_run(kind, payload))
+                    job.set([((i,), self._local_run(kind, payload))])
             return job.future
         positions: dict[tuple, list[int]] = {}  # identical payloads run once
         for i, payload in enumerate(payloads):
@@ -293,15 +302,12 @@ class Executor:
             return self._local.execute(*payload)
         return pack_score_result(self._local.score(ScoreItem(*payload)))
 
-    def _counting(self, on_result: OnResult | None) -> OnResult:
-        def record(index: int, result) -> None:
-            status = result.pred_status if isinstance(result, ScoreResult) else result.status.value
-            with self._stats_lock:
-                self._inflight -= 1
-                self.outcomes[status] += 1
-            if on_result is not None:
-                on_result(index, result)
-        return record
+    def _record(self, fresh: list) -> None:
+        """Count newly answered items by outcome (prediction status for scores)."""
+        statuses = [r.pred_status if isinstance(r, ScoreResult) else r.status.value for _, r in fresh]
+        with self._stats_lock:
+            self._inflight -= len(statuses)
+            self.outcomes.update(statuses)
 
     def _forget(self, entries: list) -> None:
         """Items of a cancelled job that will never run: they leave the queue depth unanswered."""
@@ -317,8 +323,8 @@ class Executor:
                 return
             if task is not None:
                 job, kind, entries, _ = task
-                for at, _ in entries:
-                    job.set(at, self._failed(kind, "executor closed before running it"))
+                failed = self._failed(kind, "executor closed before running it")
+                job.set([(at, failed) for at, _ in entries])
 
     # ------------------------------------------------------------------ one dispatcher thread per worker
     def _serve(self, slot: int) -> None:
@@ -349,8 +355,8 @@ class Executor:
                 stopping = True
             except Exception as e:  # never leave a caller waiting on a bug of ours
                 for chunk in sent:
-                    for at, _ in chunk.unanswered():
-                        chunk.job.set(at, self._failed(chunk.kind, f"executor error: {type(e).__name__}: {e}"))
+                    failed = self._failed(chunk.kind, f"executor error: {type(e).__name__}: {e}")
+                    chunk.job.set([(at, failed) for at, _ in chunk.unanswered()])
                 sent.clear()
                 if held is not None:
                     self._queue.put(held)
@@ -395,8 +401,7 @@ class Executor:
                               f"worker process died (exit code {worker.proc.wait()}) while running it")
                 return True
             chunk = next(c for c in sent if c.seq == seq)  # the worker answers only chunks it was sent
-            for position, raw in batch:
-                chunk.answer(position, raw)
+            chunk.answer(batch)
             while sent and sent[0].remaining == 0:
                 sent.popleft()
             return True
@@ -420,14 +425,14 @@ class Executor:
         seq, index, _ = STATE.unpack_from(worker.state, 0)
         culprit = next((c for c in sent if c.seq == seq and index >= 0 and not c.answered[index]), None)
         if culprit is not None:
-            culprit.answer(index, self._failed(culprit.kind, message, status))
+            culprit.answer([(index, self._failed(culprit.kind, message, status))])
         self._replace(slot)
         for k, chunk in enumerate(sent):
             rest = chunk.unanswered()
             stalled = culprit is None and k == 0  # nothing to blame: the head chunk used up one attempt
             if stalled and chunk.attempt >= MAX_ATTEMPTS:
-                for at, _ in rest:
-                    chunk.job.set(at, self._failed(chunk.kind, message, status))
+                failed = self._failed(chunk.kind, message, status)
+                chunk.job.set([(at, failed) for at, _ in rest])
             elif rest:
                 self._queue.put((chunk.job, chunk.kind, rest, chunk.attempt + stalled))
         sent.clear()

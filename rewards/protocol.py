@@ -2,11 +2,15 @@
 
 These field names are a public contract (rollout workers in other languages speak them); the server
 and `rewards.client.RewardClient` both import them from here, so the two cannot drift apart.
+
+Score results are the hot path (thousands per second): they are written and read with two plain
+functions, `result_to_wire` / `result_from_wire`, instead of a pydantic object per item. The
+`ScoreResultItem` model documents the same JSON in the OpenAPI schema; tests check the two agree.
 """
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -16,6 +20,7 @@ from rewards.outcome import Outcome, Status
 from rewards.scoring import ScoreItem, ScoreResult
 
 ItemId = Union[int, str, None]
+CompareName = Literal[tuple(mode.value for mode in CompareMode)]  # plain strings: no enum lookup per item
 PREVIEW_ROWS_MAX = 1000  # the most rows /v1/execute will ever return
 
 
@@ -30,12 +35,12 @@ class ScoreRequestItem(BaseModel):
     gold_sql: str
     pred_sql: str | None = None
     solution_str: str | None = None
-    compare: CompareMode = Field(CompareMode.BIRD, description="result equivalence rule: bird or spider")
+    compare: CompareName = Field(CompareMode.BIRD.value, description="result equivalence rule (rewards.compare)")
 
     @model_validator(mode="after")
     def _exactly_one_answer(self):
-        given = {"pred_sql", "solution_str"} & self.model_fields_set
-        if len(given) != 1:
+        fields = self.model_fields_set
+        if ("pred_sql" in fields) == ("solution_str" in fields):
             raise ValueError("give exactly one of 'pred_sql' (the SQL, null when none was found) or "
                              "'solution_str' (the model's answer; the SQL is extracted from it)")
         return self
@@ -48,8 +53,8 @@ class ScoreRequestItem(BaseModel):
             >>> item.to_score_item()
             ScoreItem(db_id='a', gold_sql='SELECT 1', pred_sql='SELECT 2', compare='bird', id=None)
         """
-        pred = extract_sql(self.solution_str) if "solution_str" in self.model_fields_set else self.pred_sql
-        return ScoreItem(self.db_id, self.gold_sql, pred, self.compare.value, self.id)
+        pred = self.pred_sql if self.solution_str is None else extract_sql(self.solution_str)
+        return ScoreItem(self.db_id, self.gold_sql, pred, self.compare, self.id)
 
 
 class ScoreRequest(BaseModel):
@@ -69,20 +74,39 @@ class ScoreResultItem(BaseModel):
     gold_error: str | None = None
     elapsed_s: float = Field(0.0, description="seconds the prediction ran")
 
-    @classmethod
-    def from_result(cls, r: ScoreResult) -> "ScoreResultItem":
-        return cls(id=r.id, status=r.pred_status, match=r.match, reward=r.reward, gold_status=r.gold_status,
-                   format_ok=r.format_ok, error=r.pred_error, gold_error=r.gold_error, elapsed_s=r.pred_elapsed_s)
-
-    def to_result(self) -> ScoreResult:
-        """Back to the domain record, so a remote score reads exactly like a local one."""
-        return ScoreResult(self.id, self.match, self.reward, self.status.value, self.gold_status.value,
-                           pred_error=self.error, gold_error=self.gold_error, format_ok=self.format_ok,
-                           pred_elapsed_s=self.elapsed_s)
-
 
 class ScoreResponse(BaseModel):
     results: list[ScoreResultItem]
+
+
+def result_to_wire(r: ScoreResult) -> dict:
+    """One `/v1/score` result as JSON-ready data (the `ScoreResultItem` schema); errors only when present.
+
+    Example:
+        >>> wire = result_to_wire(ScoreResult(7, True, 1.0, "ok", "ok", pred_elapsed_s=0.002))
+        >>> wire["id"], wire["status"], wire["match"], wire["reward"], "error" in wire
+        (7, 'ok', True, 1.0, False)
+    """
+    wire = {"id": r.id, "status": r.pred_status, "match": r.match, "reward": r.reward, "gold_status": r.gold_status,
+            "format_ok": r.format_ok, "elapsed_s": r.pred_elapsed_s}
+    if r.pred_error is not None:
+        wire["error"] = r.pred_error
+    if r.gold_error is not None:
+        wire["gold_error"] = r.gold_error
+    return wire
+
+
+def result_from_wire(wire: dict, id: Any = None) -> ScoreResult:
+    """Back to the domain record, with the caller's own `id`: a remote score reads exactly like a local one.
+
+    Example:
+        >>> result_from_wire({"id": 0, "status": "error", "match": False, "reward": 0.0, "gold_status": "ok",
+        ...                   "format_ok": True, "error": "no such column: x"}, id="a").pred_error
+        'no such column: x'
+    """
+    return ScoreResult(id, wire["match"], wire["reward"], wire["status"], wire["gold_status"],
+                       pred_error=wire.get("error"), gold_error=wire.get("gold_error"), format_ok=wire["format_ok"],
+                       pred_elapsed_s=wire.get("elapsed_s", 0.0))
 
 
 class ExecuteRequest(BaseModel):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import os
 import queue
 import re
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from rewards.protocol import (ErrorBody, ErrorResponse, ExecuteRequest, ExecuteResponse, HealthResponse,
-                              ScoreRequest, ScoreResponse)
+                              ScoreRequest, ScoreResponse, result_to_wire)
 from rewards.service import (BatchTooLarge, DatabaseNotFound, Overloaded, RewardService, ServerConfig,
                              ServiceError, ShuttingDown)
 
@@ -69,12 +70,12 @@ def build_app(config: ServerConfig) -> FastAPI:
     @router.post("/score", response_model=ScoreResponse, responses=_ERRORS)
     async def score(body: ScoreRequest, request: Request):
         """Score a batch of answers against gold SQL by execution; results come back in request order."""
-        return await _answer(request, _service(request).score(body))
+        return await _answer(request, _service(request).score(body), _score_json)
 
     @router.post("/execute", response_model=ExecuteResponse, responses=_ERRORS)
     async def execute(body: ExecuteRequest, request: Request):
         """Run one read-only query in the sandbox: typed outcome and the first `max_rows` rows."""
-        return await _answer(request, _service(request).execute(body))
+        return await _answer(request, _service(request).execute(body), _json)
 
     app.include_router(router)
 
@@ -127,14 +128,19 @@ def _json(model: BaseModel, status_code: int = 200, headers: dict | None = None)
     return Response(model.model_dump_json(exclude_none=True), status_code, headers, media_type="application/json")
 
 
-async def _answer(request: Request, work: Awaitable[BaseModel]) -> Response:
+def _score_json(results) -> Response:
+    body = json.dumps({"results": [result_to_wire(r) for r in results]}, ensure_ascii=False)
+    return Response(body.encode(), media_type="application/json")
+
+
+async def _answer(request: Request, work: Awaitable, encode: Callable[..., Response]) -> Response:
     """Await the service, unless the client disconnects first: then its pending work is cancelled."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
     if task.done():
         gone.cancel()
-        return _json(task.result())
+        return encode(task.result())
     task.cancel()
     return Response(status_code=CLIENT_CLOSED)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from rewards.databases import UnknownDatabase, resolve_db_path
 from rewards.executor import Executor
 from rewards.metrics import ServerMetrics
-from rewards.protocol import (ExecuteRequest, ExecuteResponse, HealthResponse, ScoreRequest, ScoreResponse,
-                              ScoreResultItem)
+from rewards.protocol import ExecuteRequest, ExecuteResponse, HealthResponse, ScoreRequest
+from rewards.scoring import ScoreResult
 from rewards.sandbox import Limits
 
 RATE_WINDOW_S = 10.0
@@ -154,7 +154,7 @@ class RewardService:
                             chunk_size=config.chunk_size)
         return cls(executor, config)
 
-    async def score(self, request: ScoreRequest) -> ScoreResponse:
+    async def score(self, request: ScoreRequest) -> list[ScoreResult]:
         n = len(request.items)
         if n > self.config.max_batch_items:
             raise BatchTooLarge(f"{n} items in one request, over the limit of {self.config.max_batch_items}; "
@@ -164,7 +164,7 @@ class RewardService:
         with self._admit(n):
             results = await asyncio.wrap_future(self.executor.submit_score(items))
         self._answered("score", n)
-        return ScoreResponse(results=[ScoreResultItem.from_result(r) for r in results])
+        return results
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         self._check_databases([request.db_id])
@@ -196,18 +196,18 @@ class RewardService:
         A missing database is a deployment problem, not a wrong answer: scoring it as reward 0 would
         silently poison training, so the request fails loudly instead.
         """
-        problems = {}
+        positions: dict[str, list[int]] = {}
         for position, db_id in enumerate(db_ids):
-            if db_id in problems:
-                problems[db_id][1].append(position)
-                continue
+            positions.setdefault(db_id, []).append(position)
+        problems = []
+        for db_id, at in positions.items():  # one file check per distinct database, not per item
             try:
                 resolve_db_path(self.config.db_root, db_id)
             except UnknownDatabase as e:
-                problems[db_id] = (str(e), [position])
+                problems.append((str(e), at))
         if problems:
             detail = "; ".join(f"{reason} (item{'s' if len(at) > 1 else ''} {', '.join(map(str, at[:5]))}"
-                               f"{', ...' if len(at) > 5 else ''})" for reason, at in problems.values())
+                               f"{', ...' if len(at) > 5 else ''})" for reason, at in problems)
             raise DatabaseNotFound(f"{detail}. Every db_id must name <db_id>/<db_id>.sqlite under the server's "
                                    "--db-root; nothing in this request was run")
 
