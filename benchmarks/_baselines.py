@@ -246,6 +246,46 @@ def isolated(name: str, spider_root: Path, workers: int = 2, batch_size: int = 2
     return json.loads(out.stdout)
 
 
+def run_rounds(plan: dict[str, dict], spider_root: Path, rounds: int) -> dict[str, list[dict]]:
+    """Every contender of `plan` (label -> `isolated` keyword arguments) once per round, taking turns,
+    so that a busy neighbour slows all of them alike; progress on stderr."""
+    runs: dict[str, list[dict]] = {label: [] for label in plan}
+    for round_ in range(rounds):
+        for label, kwargs in plan.items():
+            runs[label].append(isolated(spider_root=spider_root, **kwargs))
+        print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.3f}s" for k, v in runs.items()),
+              file=sys.stderr)
+    return runs
+
+
+def disagreements(runs: dict[str, list[dict]], reference: str) -> str:
+    """How many pairs, over all runs, each contender scored differently from the reference's first run."""
+    truth = runs[reference][0]["match"]
+    counts = {k: sum(sum(a != b for a, b in zip(r["match"], truth)) for r in rs) for k, rs in runs.items()}
+    return f"pairs whose 1/0 differs from {reference}'s: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+
+
+def medians(runs: dict[str, list[dict]], field: str = "seconds") -> dict[str, float]:
+    import statistics
+
+    return {k: statistics.median(r[field] for r in rs) for k, rs in runs.items()}
+
+
+def setup_line(runs: dict[str, list[dict]], n: int, workers: int, load: tuple, extra: str = "") -> str:
+    """What the run was: pairs, rounds, workers, CPUs, and how busy the machine was before/after."""
+    import os
+
+    rounds = len(next(iter(runs.values())))
+    return (f"{n} pairs, {rounds} rounds, {workers} workers{extra}, {os.cpu_count()} CPUs, "
+            f"load average before/after {load[0]:.1f}/{load[3]:.1f}")
+
+
+def save_runs(path: Path | None, runs: dict[str, list[dict]]) -> None:
+    if path is not None:
+        path.write_text(json.dumps({k: [{f: v for f, v in r.items() if f != "match"} for r in rs]
+                                    for k, rs in runs.items()}, indent=1))
+
+
 if __name__ == "__main__":
     name, root, *numbers = sys.argv[1:]
     print(json.dumps(run_contender(name, Path(root) / "databases", load_pool_pairs(Path(root)), *map(int, numbers))))

@@ -14,13 +14,11 @@ medians of the same rounds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from _baselines import SPIDER, isolated, load_pool_pairs
+from _baselines import SPIDER, disagreements, load_pool_pairs, medians, run_rounds, save_runs, setup_line
 
 CONTENDERS = {
     "raw": "plain sqlite3, 1 process, no sandbox: gold once per question, every prediction run (the limit)",
@@ -41,26 +39,16 @@ def main() -> None:
     args = parser.parse_args()
     n = len(load_pool_pairs(args.spider_root))
     load = os.getloadavg()
-    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
-    for round_ in range(args.rounds):
-        for name in CONTENDERS:
-            runs[name].append(isolated(name, args.spider_root, args.workers))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.3f}s" for k, v in runs.items()),
-              file=sys.stderr)
-    reference = runs["raw"][0]["match"]
-    disagreements = {name: sum(sum(a != b for a, b in zip(run["match"], reference)) for run in rs)
-                     for name, rs in runs.items()}
-    print(report(runs, n, args.workers, load + os.getloadavg(), disagreements))
-    if args.json:
-        args.json.write_text(json.dumps({k: [{f: v for f, v in r.items() if f != "match"} for r in rs]
-                                         for k, rs in runs.items()}, indent=1))
+    runs = run_rounds({name: {"name": name, "workers": args.workers} for name in CONTENDERS}, args.spider_root,
+                      args.rounds)
+    print(report(runs, n, args.workers, load + os.getloadavg()))
+    print(disagreements(runs, "raw"))
+    save_runs(args.json, runs)
 
 
-def report(runs: dict[str, list[dict]], n: int, workers: int, load: tuple, disagreements: dict) -> str:
-    med = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
-    lines = [f"{n} pairs, {len(runs['raw'])} rounds, {workers} workers, {os.cpu_count()} CPUs, "
-             f"load average before/after {load[0]:.1f}/{load[3]:.1f}",
-             "",
+def report(runs: dict[str, list[dict]], n: int, workers: int, load: tuple) -> str:
+    med = medians(runs)
+    lines = [setup_line(runs, n, workers, load), "",
              "| contender | what it does | median s | best s | pairs/s | CPU s | speed vs raw | vs raw-dedup "
              "| vs BIRD way |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -72,8 +60,7 @@ def report(runs: dict[str, list[dict]], n: int, workers: int, load: tuple, disag
     ex = runs["executor"]
     lines += ["",
               f"executor warm pass (gold results cached): median {statistics.median(r['warm_seconds'] for r in ex):.3f} s;"
-              f" worker start-up: median {statistics.median(r['startup_seconds'] for r in ex):.3f} s.",
-              "pairs whose 1/0 differs from raw's: " + ", ".join(f"{k} {v}" for k, v in disagreements.items())]
+              f" worker start-up: median {statistics.median(r['startup_seconds'] for r in ex):.3f} s."]
     return "\n".join(lines)
 
 

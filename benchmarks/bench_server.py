@@ -17,14 +17,12 @@ process, they take turns round by round, and all must give the same 1/0 per pair
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
-from _baselines import SPIDER, isolated, load_pool_pairs
+from _baselines import SPIDER, disagreements, load_pool_pairs, medians, run_rounds, save_runs, setup_line
 
 
 def contenders(clients: int) -> dict[str, tuple[str, int, str]]:
@@ -52,25 +50,17 @@ def main() -> None:
     n = len(load_pool_pairs(args.spider_root))
     table = contenders(args.clients)
     load = os.getloadavg()
-    runs: dict[str, list[dict]] = {label: [] for label in table}
-    for round_ in range(args.rounds):
-        for label, (name, clients, _) in table.items():
-            runs[label].append(isolated(name, args.spider_root, args.workers, args.batch_size, clients))
-        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]['seconds']:.3f}s" for k, v in runs.items()),
-              file=sys.stderr)
-    reference = runs["executor"][0]["match"]
-    disagreements = {k: sum(sum(a != b for a, b in zip(r["match"], reference)) for r in rs) for k, rs in runs.items()}
-    print(report(runs, table, n, args, load + os.getloadavg(), disagreements))
-    if args.json:
-        args.json.write_text(json.dumps({k: [{f: v for f, v in r.items() if f != "match"} for r in rs]
-                                         for k, rs in runs.items()}, indent=1))
+    plan = {label: {"name": name, "workers": args.workers, "batch_size": args.batch_size, "concurrency": clients}
+            for label, (name, clients, _) in table.items()}
+    runs = run_rounds(plan, args.spider_root, args.rounds)
+    print(report(runs, table, n, args, load + os.getloadavg()))
+    print(disagreements(runs, "executor"))
+    save_runs(args.json, runs)
 
 
-def report(runs: dict, table: dict, n: int, args, load: tuple, disagreements: dict) -> str:
-    med = {label: statistics.median(r["seconds"] for r in rs) for label, rs in runs.items()}
-    lines = [f"{n} pairs, {args.rounds} rounds, {args.workers} workers, batches of {args.batch_size}, "
-             f"{os.cpu_count()} CPUs, load average before/after {load[0]:.1f}/{load[3]:.1f}",
-             "",
+def report(runs: dict, table: dict, n: int, args, load: tuple) -> str:
+    med = medians(runs)
+    lines = [setup_line(runs, n, args.workers, load, f", batches of {args.batch_size}"), "",
              "| contender | what it does | cold pass s (median) | pairs/s | batch p50 ms | batch p99 ms | warm pass s "
              "| CPU s | vs executor-batches | vs executor | vs BIRD way |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -85,7 +75,6 @@ def report(runs: dict, table: dict, n: int, args, load: tuple, disagreements: di
     timeouts = {label: sum(r.get("timeouts", 0) for r in rs) for label, rs in runs.items() if "timeouts" in rs[0]}
     lines += ["",
               "items that timed out (gold or prediction): " + ", ".join(f"{k} {v}" for k, v in timeouts.items()),
-              "pairs whose 1/0 differs from the executor's: " + ", ".join(f"{k} {v}" for k, v in disagreements.items()),
               "batch latency percentiles pool the cold passes of all rounds "
               f"({sum(len(r['latencies']) for r in runs['server'])} batches per server row)."]
     return "\n".join(lines)
