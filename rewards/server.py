@@ -129,7 +129,7 @@ def _json(model: BaseModel, status_code: int = 200, headers: dict | None = None)
 
 
 def _score_json(results) -> Response:
-    body = json.dumps({"results": [result_to_wire(r) for r in results]}, ensure_ascii=False)
+    body = json.dumps({"results": [result_to_wire(r) for r in results]})  # ASCII: lone surrogates stay escaped
     return Response(body.encode(), media_type="application/json")
 
 

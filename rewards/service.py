@@ -162,14 +162,15 @@ class RewardService:
         items = [item.to_score_item() for item in request.items]
         self._check_databases([item.db_id for item in items])
         with self._admit(n):
-            results = await asyncio.wrap_future(self.executor.submit_score(items))
+            results = await asyncio.wrap_future(self._submit(self.executor.submit_score, items))
         self._answered("score", n)
         return results
 
     async def execute(self, request: ExecuteRequest) -> ExecuteResponse:
         self._check_databases([request.db_id])
         with self._admit(1):
-            (outcome,) = await asyncio.wrap_future(self.executor.submit_execute_many([(request.db_id, request.sql)]))
+            (outcome,) = await asyncio.wrap_future(self._submit(self.executor.submit_execute_many,
+                                                                [(request.db_id, request.sql)]))
         self._answered("execute", 1)
         return ExecuteResponse.from_outcome(outcome, request.max_rows)
 
@@ -227,6 +228,12 @@ class RewardService:
         finally:
             with self._lock:
                 self._admitted -= n
+
+    def _submit(self, submit, work):
+        try:
+            return submit(work)
+        except RuntimeError:  # closed between admission and submission
+            raise ShuttingDown("the server is shutting down; send the request to another server") from None
 
     def _answered(self, endpoint: str, n: int) -> None:
         self._meter.add(n, time.monotonic())

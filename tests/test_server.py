@@ -92,6 +92,18 @@ def test_score_wire_format_and_solution_str_extraction(server):
     assert {"status", "match", "reward", "gold_status", "elapsed_s"} <= results[0].keys()
 
 
+def test_odd_text_comes_back_as_valid_json(server):
+    items = [{"id": "\ud800-lone-surrogate", "db_id": "retail", "gold_sql": "SELECT 1", "pred_sql": "SELECT '\ud800'"},
+             {"id": "ünï", "db_id": "retail", "gold_sql": "SELECT 'ünï'", "pred_sql": "SELECT 'ünï'"},
+             {"id": 3, "db_id": "retail", "gold_sql": "SELECT 1", "pred_sql": "SELECT CAST(x'fffe41' AS TEXT)"}]
+    response = post(server.url, "/v1/score", {"items": items})
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert results[0]["id"] == "\ud800-lone-surrogate" and results[0]["status"] == "rejected"
+    assert (results[1]["id"], results[1]["match"]) == ("ünï", True)
+    assert results[2]["status"] == "ok"  # bad UTF-8 in the data decodes with replacement characters
+
+
 def test_execute_gives_typed_outcome_and_capped_preview(server):
     ok = post(server.url, "/v1/execute", {"db_id": "retail", "sql": "SELECT id, name FROM customers ORDER BY id",
                                           "max_rows": 3}).json()
@@ -331,3 +343,13 @@ def test_a_client_that_disconnects_cancels_its_pending_work(demo_db_root):
         assert running.service.executor.stats()["outcomes"].get("timeout", 0) <= 2
         m = metrics(running.url)
         assert m[("sirius_reward_requests_total", (("code", "499"), ("endpoint", "/v1/score")))] == 1
+
+
+def test_once_shutting_down_new_work_gets_503_and_health_says_so(demo_db_root):
+    with running_server(ServerConfig(demo_db_root, workers=1)) as running:
+        running.service.close()
+        refused = post(running.url, "/v1/score", {"items": [{"db_id": "retail", "gold_sql": "SELECT 1",
+                                                             "pred_sql": "SELECT 1"}]})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "shutting_down"
+        health = httpx.get(running.url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json()["status"] == "shutting_down"
