@@ -121,9 +121,11 @@ class RewardClient:
         self.concurrency = concurrency or 2 * len(self.urls)
         self._endpoints = Endpoints(self.urls)
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        # Many threads may call score() at once (verl scores answer by answer from a thread pool): room for them.
+        connections = max(64, self.concurrency + len(self.urls))
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-                                  limits=httpx.Limits(max_connections=self.concurrency + len(self.urls),
-                                                      max_keepalive_connections=self.concurrency + len(self.urls)))
+                                  limits=httpx.Limits(max_connections=connections,
+                                                      max_keepalive_connections=connections))
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 

@@ -1,7 +1,8 @@
 """verl's custom reward function: `compute_score(data_source, solution_str, ground_truth, extra_info)`.
 
-Configure verl with `reward.custom_reward_function.path=<this file>` and `.name=compute_score`
-(or `.name=compute_score_batch` with `reward_manager=batch`: one call, one HTTP round trip per batch).
+Configure verl with `reward.custom_reward_function.path=<this file>` and `.name=compute_score`.
+Callers that hold a whole batch (verl's `BatchRewardManager`) can use `compute_score_batch`: one call,
+one HTTP round trip per 256 answers.
 The parquet rows written by `data_synthesis.export` carry what it needs: `ground_truth` is the gold
 SQL, `extra_info` has `db_id` (and optionally `db_root`, `compare`). Keyword arguments come from
 `reward.custom_reward_function.reward_kwargs`.
@@ -39,7 +40,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
-    """`compute_score` for a whole batch (verl's `reward_manager=batch` calls it with these names)."""
+    """`compute_score` for a whole batch (verl's `BatchRewardManager` calls it with these names)."""
     if extra_infos is None:
         extra_infos = [None] * len(solution_strs)
     if not len(solution_strs) == len(ground_truths) == len(extra_infos):

@@ -78,6 +78,16 @@ def test_reward_url_kwarg_with_failover_and_one_request_per_batch(server, demo_d
     assert _score_requests(server.url) - before == 2  # 300 items = two requests of up to 256, not 300 requests
 
 
+def test_answer_by_answer_from_many_threads_like_verls_reward_loop(server, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("SIRIUS_REWARD_URL", server.url)
+    cases = CASES * 40
+    with ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(lambda case: compute_score("sirius", case[0], GOLD, _extra(case[1])), cases, timeout=60))
+    assert got == [expected for _, _, expected in cases]
+
+
 def test_clear_errors(server, demo_db_root):
     with pytest.raises(KeyError, match="db_id"):
         compute_score("sirius", "<answer>SELECT 1</answer>", "SELECT 1", {})
