@@ -183,7 +183,7 @@ def run_contender(name: str, db_root: Path, items: list[ScoreItem], workers: int
 
     from rewards.client import RewardClient
     from rewards.executor import Executor
-    from rewards.server import spawn
+    from rewards.launch import spawn
     from rewards.service import ServerConfig
 
     warm_page_cache(db_root, items)

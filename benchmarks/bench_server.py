@@ -5,7 +5,7 @@ and the BIRD evaluator's way, on the real pool pairs.
 
 The job: score the 7,758 (candidate, gold) pairs of `dev_candidate_pools.jsonl` with BIRD's rule.
 The server contender starts `sirius reward-server --workers 2` as its own process on 127.0.0.1
-(`rewards.server.spawn`), and `--clients` threads of one `RewardClient` (the load generator, in
+(`rewards.launch.spawn`), and `--clients` threads of one `RewardClient` (the load generator, in
 another process on the same 2 cores) each send the next 256-item batch until none is left -- like
 rollout workers sharing a node's server. The in-process executor gets the very same batches from
 the same number of threads (`executor-batches`) and, separately, all pairs in one call

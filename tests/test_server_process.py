@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from rewards.server import spawn
+from rewards.launch import spawn
 from rewards.service import ServerConfig
 
 pytestmark = pytest.mark.timeout(120)
