@@ -28,6 +28,7 @@ from rewards.scoring import ScoreResult
 from rewards.sandbox import Limits
 
 RATE_WINDOW_S = 10.0
+SHUTTING_DOWN = "the server is shutting down; send the request to another server"
 RETRY_AFTER_CAP_S = 30
 
 
@@ -216,7 +217,7 @@ class RewardService:
     def _admit(self, n: int):
         with self._lock:
             if self._closing:
-                raise ShuttingDown("the server is shutting down; send the request to another server")
+                raise ShuttingDown(SHUTTING_DOWN)
             backlog = self._admitted
             if backlog and backlog + n > self.config.max_queue_items:
                 wait = retry_after_s(backlog, self._items_per_s())
@@ -233,7 +234,7 @@ class RewardService:
         try:
             return submit(work)
         except RuntimeError:  # closed between admission and submission
-            raise ShuttingDown("the server is shutting down; send the request to another server") from None
+            raise ShuttingDown(SHUTTING_DOWN) from None
 
     def _answered(self, endpoint: str, n: int) -> None:
         self._meter.add(n, time.monotonic())
