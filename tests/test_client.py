@@ -126,7 +126,7 @@ def test_retry_after_of_a_full_server_is_honoured(demo_db_root):
         waited = time.monotonic() - t0
         blocker.join(timeout=30)
         assert result.match and result.id == "late"
-        assert score_requests(running.url, "429") == 1  # refused once, then it waited out Retry-After (1 s)
+        assert score_requests(running.url, "429") >= 1  # refused, then it waited out Retry-After (1 s) and got in
         assert waited >= 0.9
 
 

@@ -340,7 +340,7 @@ def test_a_client_that_disconnects_cancels_its_pending_work(demo_db_root):
         while running.service.executor.queue_depth() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert running.service.executor.queue_depth() == 0, "the abandoned batch kept the worker busy"
-        assert running.service.executor.stats()["outcomes"].get("timeout", 0) <= 2
+        assert running.service.executor.stats()["outcomes"].get("timeout", 0) <= 3  # not the 8 it was sent
         m = metrics(running.url)
         assert m[("sirius_reward_requests_total", (("code", "499"), ("endpoint", "/v1/score")))] == 1
 
