@@ -4,7 +4,8 @@ Started with a plain `subprocess.Popen` (not multiprocessing) so it never re-imp
 `__main__` and never inherits a forked copy of a threaded parent. It receives its configuration as
 the first message, then chunks of work. Before each item it writes `(chunk number, item index, start time)` into
 a small shared-memory record, so the parent's backstop knows which item is in flight without a
-message per item; results go back in batches (at the end of a chunk, or every few milliseconds).
+message per item; results go back in batches tagged with the chunk number (at the end of a chunk, or
+every few milliseconds). Score items arrive and leave as plain tuples (cheap to pickle).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ STATE = struct.Struct("qqd")  # (chunk sequence number, index of the running ite
 FLUSH_EVERY_S = 0.02
 
 
+def pack_score_result(result) -> tuple:
+    """A ScoreResult's fields but its id, as a plain tuple: far cheaper to pickle; the parent keeps the ids
+    and rebuilds it with `ScoreResult(id, *packed)`."""
+    return tuple(getattr(result, name) for name in type(result).__dataclass_fields__ if name != "id")
+
+
 def main(read_fd: int, write_fd: int, state_fd: int) -> None:
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     state = mmap.mmap(state_fd, STATE.size)
@@ -27,7 +34,7 @@ def main(read_fd: int, write_fd: int, state_fd: int) -> None:
     memory = config.pop("memory_limit_bytes", None)
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    from rewards.scoring import Scorer  # after the rlimit, so imports count too
+    from rewards.scoring import ScoreItem, Scorer  # after the rlimit, so imports count too
 
     scorer = Scorer(**config)
     outbox.send("ready")
@@ -42,13 +49,17 @@ def main(read_fd: int, write_fd: int, state_fd: int) -> None:
         batch, last_flush = [], time.monotonic()
         for i, payload in enumerate(payloads):
             STATE.pack_into(state, 0, seq, i, time.monotonic())
-            batch.append((i, scorer.score(payload) if kind == "score" else scorer.execute(*payload)))
+            if kind == "score":
+                batch.append((i, pack_score_result(scorer.score(ScoreItem(*payload)))))
+            else:
+                batch.append((i, scorer.execute(*payload)))
             now = time.monotonic()
             if now - last_flush > FLUSH_EVERY_S:
-                outbox.send(batch)
+                outbox.send((seq, batch))
                 batch, last_flush = [], now
         STATE.pack_into(state, 0, seq, -1, 0.0)
-        outbox.send(batch)
+        if batch:
+            outbox.send((seq, batch))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,17 @@ sends results back in batches, so the parent always knows which item is in fligh
 - an item that takes longer than its budget (the SQLite deadline, per statement, plus a grace) gets
   its worker SIGKILLed and replaced; the item comes back as TIMEOUT;
 - a worker that dies (OOM killer, segfault, someone's `kill -9`) is replaced; the item it was running
-  comes back as a typed ERROR, and the rest of its chunk is re-queued -- nothing is lost, nothing hangs.
+  comes back as a typed ERROR, and the rest of its chunks is re-queued -- nothing is lost, nothing hangs.
+
+Throughput (see docs/benchmarks/executor.md): identical pairs of one batch are scored once and the
+answer is copied (same database, same SQL, same gold: same result -- like the gold cache, this is
+what RL batches are full of, G samples per prompt); items travel as plain tuples (a fraction of the
+pickling cost of dataclasses); and each worker has a second small chunk waiting in its pipe while
+it runs one, so it never idles while the parent collects results.
+
+Submission never blocks: `submit_score` / `submit_execute_many` return a `concurrent.futures.Future`
+(an async caller wraps it with `asyncio.wrap_future`). Cancelling that future drops the batch's chunks
+that have not started, so a client that gave up does not keep the workers busy.
 
 `workers=0` runs a Scorer in the calling thread instead (no backstop; for tests and tiny jobs).
 """
@@ -20,14 +30,16 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import pickle
 import queue
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,38 +47,76 @@ from pathlib import Path
 from rewards.outcome import Outcome, Status
 from rewards.reward import RewardTable
 from rewards.sandbox import Limits
-from rewards._worker import STATE
+from rewards._worker import STATE, pack_score_result
 from rewards.scoring import ScoreItem, ScoreResult, Scorer
 
 OnResult = Callable[[int, object], None]
 POLL_S = 0.05  # how often an idle wait checks the backstop
 STARTUP_TIMEOUT_S = 60.0
 MAX_ATTEMPTS = 2  # re-sends of a chunk whose worker stalled before starting any item of it
+PIPELINE_DEPTH = 2  # chunks in a worker's pipe at once: it starts the next while the parent reads results
+PIPELINE_MAX_BYTES = 16 << 10  # only this small a message may wait in the pipe (two always fit its 64 KiB)
 
 
 class _Job:
-    """One caller's batch: results by position, and a latch the caller waits on."""
+    """One caller's batch: results by position, and the future the caller holds.
 
-    def __init__(self, n: int, on_result: OnResult | None):
+    Workers answer with a raw result per distinct payload; `build(index, raw)` makes the caller's
+    result for each position that payload stands for (its own id, for scores). `record(fresh)` is
+    told of each newly answered group, once per batch (the executor's counters)."""
+
+    def __init__(self, n: int, build: Callable[[int, object], object], record: Callable[[list], None],
+                 on_result: OnResult | None):
         self.results: list = [None] * n
         self.remaining = n
-        self.on_result = on_result
+        self.build, self.record, self.on_result = build, record, on_result
         self.lock = threading.Lock()
-        self.done = threading.Event()
+        self.future: Future = Future()
         if n == 0:
-            self.done.set()
+            self.future.set_result([])
 
-    def set(self, index: int, result) -> None:
+    def set(self, answers: Sequence[tuple[Sequence[int], object]]) -> None:
+        """Record `(positions, raw)` answers; a position already answered keeps its first answer."""
+        fresh = []
         with self.lock:
-            if self.results[index] is not None:  # never answer an item twice
-                return
-            self.results[index] = result
-            self.remaining -= 1
-            finished = self.remaining == 0
+            for indices, raw in answers:
+                for index in indices:
+                    if self.results[index] is None:  # never answer an item twice
+                        self.results[index] = result = self.build(index, raw)
+                        fresh.append((index, result))
+            self.remaining -= len(fresh)
+            finished = bool(fresh) and self.remaining == 0
+        self.record(fresh)
         if self.on_result is not None:
-            self.on_result(index, result)
+            for index, result in fresh:
+                self.on_result(index, result)
         if finished:
-            self.done.set()
+            try:
+                self.future.set_result(self.results)
+            except InvalidStateError:  # the caller cancelled it meanwhile
+                pass
+
+
+class _Sent:
+    """A chunk in a worker's pipe: `entries` are (positions in the job, payload); what is answered so far."""
+
+    def __init__(self, seq: int, job: _Job, kind: str, entries: list, attempt: int):
+        self.seq, self.job, self.kind, self.entries, self.attempt = seq, job, kind, entries, attempt
+        self.answered = [False] * len(entries)
+        self.remaining = len(entries)
+
+    def answer(self, batch: Sequence[tuple[int, object]]) -> None:
+        """Record `(position in this chunk, raw result)` pairs from the worker."""
+        answers = []
+        for position, raw in batch:
+            if not self.answered[position]:
+                self.answered[position] = True
+                self.remaining -= 1
+                answers.append((self.entries[position][0], raw))
+        self.job.set(answers)
+
+    def unanswered(self) -> list:
+        return [entry for entry, done in zip(self.entries, self.answered) if not done]
 
 
 class _WorkerProcess:
@@ -171,13 +221,21 @@ class Executor:
     # ------------------------------------------------------------------ public API
     def score(self, items: Sequence[ScoreItem], on_result: OnResult | None = None) -> list[ScoreResult]:
         """Score every item; results in input order. `on_result(i, result)` fires as each finishes."""
-        keys = [(it.db_id, it.gold_sql) for it in items]
-        return self._run("score", list(items), keys, on_result)
+        return self.submit_score(items, on_result).result()
 
     def execute_many(self, queries: Sequence[tuple[str, str]], on_result: OnResult | None = None) -> list[Outcome]:
         """Run `(db_id, sql)` queries; outcomes in input order."""
-        keys = [(db_id, "") for db_id, _ in queries]
-        return self._run("exec", [tuple(q) for q in queries], keys, on_result)
+        return self.submit_execute_many(queries, on_result).result()
+
+    def submit_score(self, items: Sequence[ScoreItem], on_result: OnResult | None = None) -> Future:
+        """Like `score`, without waiting: a future of the results (cancel it to drop what has not started)."""
+        items = list(items)
+        payloads = [(it.db_id, it.gold_sql, it.pred_sql, it.compare) for it in items]
+        return self._submit("score", payloads, lambda i, raw: ScoreResult(items[i].id, *raw), on_result)
+
+    def submit_execute_many(self, queries: Sequence[tuple[str, str]], on_result: OnResult | None = None) -> Future:
+        """Like `execute_many`, without waiting: a future of the outcomes."""
+        return self._submit("exec", [(db_id, sql) for db_id, sql in queries], lambda i, raw: raw, on_result)
 
     def execute(self, db_id: str, sql: str) -> Outcome:
         return self.execute_many([(db_id, sql)])[0]
@@ -191,7 +249,13 @@ class Executor:
         with self._stats_lock:
             return self._inflight
 
+    def stats(self) -> dict:
+        with self._stats_lock:
+            return {"workers": self.workers, "restarts": self.restarts, "queue_depth": self._inflight,
+                    "outcomes": dict(self.outcomes), "limits": asdict(self.limits)}
+
     def close(self) -> None:
+        """Finish the work already submitted, then stop the workers. New submissions are refused."""
         if self._closed:
             return
         self._closed = True
@@ -203,6 +267,7 @@ class Executor:
             worker.stop()
         if self._local is not None:
             self._local.close()
+        self._fail_leftovers()
 
     def __enter__(self):
         return self
@@ -210,110 +275,172 @@ class Executor:
     def __exit__(self, *exc):
         self.close()
 
-    # ------------------------------------------------------------------ internals
-    def _run(self, kind: str, payloads: list, keys: list, on_result: OnResult | None) -> list:
+    # ------------------------------------------------------------------ submission
+    def _submit(self, kind: str, payloads: list, build: Callable, on_result: OnResult | None) -> Future:
         if self._closed:
             raise RuntimeError("executor is closed")
-        job = _Job(len(payloads), self._counting(on_result))
+        job = _Job(len(payloads), build, self._record, on_result)
         with self._stats_lock:
             self._inflight += len(payloads)
         if self._local is not None:
             with self._local_lock:
                 for i, payload in enumerate(payloads):
-                    job.set(i, self._local.score(payload) if kind == "score" else self._local.execute(*payload))
-            return job.results
-        # Group by cache key so a chunk reuses one connection and one gold result.
-        order = sorted(range(len(payloads)), key=lambda i: keys[i])
-        for start in range(0, len(order), self.chunk_size):
-            chunk = [(i, payloads[i]) for i in order[start:start + self.chunk_size]]
-            self._queue.put((job, kind, chunk, 0))
-        job.done.wait()
-        return job.results
+                    job.set([((i,), self._local_run(kind, payload))])
+            return job.future
+        positions: dict[tuple, list[int]] = {}  # identical payloads run once
+        for i, payload in enumerate(payloads):
+            positions.setdefault(payload, []).append(i)
+        # Sorted by (database, gold SQL): a chunk reuses one connection and one cached gold result.
+        entries = sorted(((tuple(at), payload) for payload, at in positions.items()),
+                         key=lambda entry: (entry[1][0], entry[1][1] if kind == "score" else ""))
+        for start in range(0, len(entries), self.chunk_size):
+            self._queue.put((job, kind, entries[start:start + self.chunk_size], 0))
+        return job.future
 
-    def _counting(self, on_result: OnResult | None) -> OnResult:
-        def record(index: int, result) -> None:
-            status = result.pred_status if isinstance(result, ScoreResult) else result.status.value
-            with self._stats_lock:
-                self._inflight -= 1
-                self.outcomes[status] += 1
-            if on_result is not None:
-                on_result(index, result)
-        return record
+    def _local_run(self, kind: str, payload: tuple):
+        if kind == "exec":
+            return self._local.execute(*payload)
+        return pack_score_result(self._local.score(ScoreItem(*payload)))
+
+    def _record(self, fresh: list) -> None:
+        """Count newly answered items by outcome (prediction status for scores)."""
+        statuses = [r.pred_status if isinstance(r, ScoreResult) else r.status.value for _, r in fresh]
+        with self._stats_lock:
+            self._inflight -= len(statuses)
+            self.outcomes.update(statuses)
+
+    def _forget(self, entries: list) -> None:
+        """Items of a cancelled job that will never run: they leave the queue depth unanswered."""
+        with self._stats_lock:
+            self._inflight -= sum(len(at) for at, _ in entries)
+
+    def _fail_leftovers(self) -> None:
+        """Answer chunks still queued after the dispatchers stopped (re-queued behind the stop marks)."""
+        while True:
+            try:
+                task = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if task is not None:
+                job, kind, entries, _ = task
+                failed = self._failed(kind, "executor closed before running it")
+                job.set([(at, failed) for at, _ in entries])
+
+    # ------------------------------------------------------------------ one dispatcher thread per worker
+    def _serve(self, slot: int) -> None:
+        """Keep worker `slot` fed (up to PIPELINE_DEPTH chunks), collect its results, run its backstop."""
+        sent: deque[_Sent] = deque()
+        held = None  # a chunk too big to wait in the pipe: it goes next, once the worker is idle
+        progress_at = time.monotonic()  # when this worker last answered, or got work while idle
+        stopping = False
+        while True:
+            try:
+                was_idle = not sent
+                while len(sent) < PIPELINE_DEPTH and (held is not None or not stopping):
+                    task, held = held or self._next_task(wait=not sent), None
+                    if task is None:
+                        break
+                    if not self._send(slot, sent, task):
+                        held = task
+                        break
+                if was_idle and sent:
+                    progress_at = time.monotonic()
+                if not sent:
+                    if stopping and held is None:
+                        return
+                    continue
+                if self._collect(slot, sent, progress_at):
+                    progress_at = time.monotonic()
+            except _Stop:
+                stopping = True
+            except Exception as e:  # never leave a caller waiting on a bug of ours
+                for chunk in sent:
+                    failed = self._failed(chunk.kind, f"executor error: {type(e).__name__}: {e}")
+                    chunk.job.set([(at, failed) for at, _ in chunk.unanswered()])
+                sent.clear()
+                if held is not None:
+                    self._queue.put(held)
+                    held = None
+
+    def _next_task(self, wait: bool):
+        """The next chunk to run (None if there is none now); raises _Stop at close()'s mark."""
+        try:
+            task = self._queue.get(timeout=POLL_S) if wait else self._queue.get_nowait()
+        except queue.Empty:
+            return None
+        if task is None:
+            raise _Stop
+        job, _, entries, _ = task
+        if job.future.cancelled():  # the caller gave up: skip what has not started
+            self._forget(entries)
+            return self._next_task(wait=False)
+        return task
+
+    def _send(self, slot: int, sent: deque, task: tuple) -> bool:
+        """Put a chunk in the worker's pipe; False if it is too big to wait there behind another one."""
+        job, kind, entries, attempt = task
+        seq = next(self._seqs)
+        message = pickle.dumps((kind, seq, [payload for _, payload in entries]), protocol=pickle.HIGHEST_PROTOCOL)
+        if sent and len(message) > PIPELINE_MAX_BYTES:
+            return False
+        sent.append(_Sent(seq, job, kind, entries, attempt))
+        try:
+            self._workers[slot].outbox.send_bytes(message)
+        except OSError:  # the worker is dead; `_collect` notices and re-queues this chunk
+            pass
+        return True
+
+    def _collect(self, slot: int, sent: deque, progress_at: float) -> bool:
+        """Wait briefly for results; run the backstop. True when the worker made progress."""
+        worker = self._workers[slot]
+        if worker.inbox.poll(POLL_S):
+            try:
+                seq, batch = worker.inbox.recv()
+            except (EOFError, OSError):
+                self._recover(slot, sent, Status.ERROR,
+                              f"worker process died (exit code {worker.proc.wait()}) while running it")
+                return True
+            chunk = next(c for c in sent if c.seq == seq)  # the worker answers only chunks it was sent
+            chunk.answer(batch)
+            while sent and sent[0].remaining == 0:
+                sent.popleft()
+            return True
+        seq, index, started = STATE.unpack_from(worker.state, 0)
+        running = next((c for c in sent if c.seq == seq), None) if index >= 0 else None
+        elapsed = time.monotonic() - started
+        if running is not None and elapsed > self._budget(running.kind):
+            self._recover(slot, sent, Status.TIMEOUT, f"killed by the executor backstop after {elapsed:.1f}s")
+        elif worker.proc.poll() is not None:
+            self._recover(slot, sent, Status.ERROR,
+                          f"worker process died (exit code {worker.proc.returncode}) while running it")
+        elif running is None and time.monotonic() - progress_at > self._budget(sent[0].kind):
+            self._recover(slot, sent, Status.ERROR, "worker stopped responding before running it")
+        else:
+            return False
+        return True
+
+    def _recover(self, slot: int, sent: deque, status: Status, message: str) -> None:
+        """Replace the worker. The item it was running gets `status`; the rest of its chunks go back in the queue."""
+        worker = self._workers[slot]
+        seq, index, _ = STATE.unpack_from(worker.state, 0)
+        culprit = next((c for c in sent if c.seq == seq and index >= 0 and not c.answered[index]), None)
+        if culprit is not None:
+            culprit.answer([(index, self._failed(culprit.kind, message, status))])
+        self._replace(slot)
+        for k, chunk in enumerate(sent):
+            rest = chunk.unanswered()
+            stalled = culprit is None and k == 0  # nothing to blame: the head chunk used up one attempt
+            if stalled and chunk.attempt >= MAX_ATTEMPTS:
+                failed = self._failed(chunk.kind, message, status)
+                chunk.job.set([(at, failed) for at, _ in rest])
+            elif rest:
+                self._queue.put((chunk.job, chunk.kind, rest, chunk.attempt + stalled))
+        sent.clear()
 
     def _spawn(self) -> _WorkerProcess:
         worker = _WorkerProcess(self._config)
         worker.wait_ready(STARTUP_TIMEOUT_S)
         return worker
-
-    def _budget(self, kind: str) -> float:
-        statements = 2 if kind == "score" else 1  # a score item may run its gold and its prediction
-        return statements * (self.limits.timeout_s + self.grace_s)
-
-    def _serve(self, slot: int) -> None:
-        while True:
-            task = self._queue.get()
-            if task is None:
-                return
-            job, kind, chunk, attempt = task
-            try:
-                self._run_chunk(slot, job, kind, chunk, attempt)
-            except Exception as e:  # never leave a caller waiting on a bug of ours
-                for index, payload in chunk:
-                    job.set(index, self._failed(kind, payload, f"executor error: {type(e).__name__}: {e}"))
-
-    def _run_chunk(self, slot: int, job: _Job, kind: str, chunk: list, attempt: int) -> None:
-        worker = self._workers[slot]
-        payloads = [payload for _, payload in chunk]
-        seq = next(self._seqs)
-        try:
-            worker.outbox.send((kind, seq, payloads))
-        except OSError:  # died while idle: replace and resend once
-            worker = self._replace(slot)
-            worker.outbox.send((kind, seq, payloads))
-        sent_at = time.monotonic()
-        answered = [False] * len(chunk)
-        remaining = len(chunk)
-        budget = self._budget(kind)
-        while remaining:
-            failure = None
-            if worker.inbox.poll(POLL_S):
-                try:
-                    batch = worker.inbox.recv()
-                except (EOFError, OSError):
-                    failure = (Status.ERROR, f"worker process died (exit code {worker.proc.wait()}) while running it")
-                else:
-                    for position, result in batch:
-                        answered[position] = True
-                        remaining -= 1
-                        job.set(chunk[position][0], result)
-                    sent_at = time.monotonic()
-                    continue
-            else:
-                running, elapsed = worker.running(seq)
-                if running >= 0 and elapsed > budget:
-                    failure = (Status.TIMEOUT, f"killed by the executor backstop after {elapsed:.1f}s")
-                elif worker.proc.poll() is not None:
-                    failure = (Status.ERROR, f"worker process died (exit code {worker.proc.returncode}) while running it")
-                elif running < 0 and time.monotonic() - sent_at > budget:
-                    failure = (Status.ERROR, "worker stopped responding before running it")
-            if failure is not None:
-                running, _ = worker.running(seq)
-                worker = self._replace(slot)
-                if 0 <= running < len(chunk) and not answered[running]:
-                    index, payload = chunk[running]
-                    answered[running] = True
-                    job.set(index, self._failed(kind, payload, failure[1], failure[0]))
-                rest = [entry for entry, done in zip(chunk, answered) if not done]
-                if running < 0 and attempt >= MAX_ATTEMPTS:  # nothing to blame, and retried enough
-                    for index, payload in rest:
-                        job.set(index, self._failed(kind, payload, failure[1], failure[0]))
-                else:
-                    self._requeue(job, kind, rest, attempt + 1 if running < 0 else attempt)
-                return
-
-    def _requeue(self, job: _Job, kind: str, rest: list, attempt: int) -> None:
-        if rest:
-            self._queue.put((job, kind, rest, attempt))
 
     def _replace(self, slot: int) -> _WorkerProcess:
         self._workers[slot].kill()
@@ -322,14 +449,18 @@ class Executor:
         self._workers[slot] = self._spawn()
         return self._workers[slot]
 
-    def _failed(self, kind: str, payload, message: str, status: Status = Status.ERROR):
+    def _budget(self, kind: str) -> float:
+        statements = 2 if kind == "score" else 1  # a score item may run its gold and its prediction
+        return statements * (self.limits.timeout_s + self.grace_s)
+
+    def _failed(self, kind: str, message: str, status: Status = Status.ERROR):
+        """The raw answer for an item the executor could not run to the end."""
         if kind == "exec":
             return Outcome(status, error=message)
         reward = self.table.timeout if status is Status.TIMEOUT else self.table.error
-        return ScoreResult(payload.id, False, reward, status.value, status.value, pred_error=message,
-                           gold_error=message)
+        return pack_score_result(ScoreResult(None, False, reward, status.value, status.value, pred_error=message,
+                                             gold_error=message))
 
-    def stats(self) -> dict:
-        with self._stats_lock:
-            return {"workers": self.workers, "restarts": self.restarts, "queue_depth": self._inflight,
-                    "outcomes": dict(self.outcomes), "limits": asdict(self.limits)}
+
+class _Stop(Exception):
+    """The close() mark was taken from the queue: finish what is in the pipe, then stop."""

@@ -1,0 +1,158 @@
+"""The reward server's wire format: pydantic models of `/v1/score`, `/v1/execute`, `/health` and errors.
+
+These field names are a public contract (rollout workers in other languages speak them); the server
+and `rewards.client.RewardClient` both import them from here, so the two cannot drift apart.
+
+Score results are the hot path (thousands per second): they are written and read with two plain
+functions, `result_to_wire` / `result_from_wire`, instead of a pydantic object per item. The
+`ScoreResultItem` model documents the same JSON in the OpenAPI schema; tests check the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rewards.compare import CompareMode
+from rewards.extract import extract_sql
+from rewards.outcome import Outcome, Status
+from rewards.scoring import ScoreItem, ScoreResult
+
+ItemId = Union[int, str, None]
+CompareName = Literal[tuple(mode.value for mode in CompareMode)]  # plain strings: no enum lookup per item
+PREVIEW_ROWS_MAX = 1000  # the most rows /v1/execute will ever return
+
+
+class ScoreRequestItem(BaseModel):
+    """One (answer, gold) pair. Give exactly one of `pred_sql` (the SQL; null = no SQL found, a format
+    failure) or `solution_str` (the model's whole answer; the SQL is extracted as in training)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: ItemId = Field(None, description="echoed back; any JSON string or integer")
+    db_id: str = Field(..., description="database folder under the server's --db-root")
+    gold_sql: str
+    pred_sql: str | None = None
+    solution_str: str | None = None
+    compare: CompareName = Field(CompareMode.BIRD.value, description="result equivalence rule (rewards.compare)")
+
+    @model_validator(mode="after")
+    def _exactly_one_answer(self):
+        fields = self.model_fields_set
+        if ("pred_sql" in fields) == ("solution_str" in fields):
+            raise ValueError("give exactly one of 'pred_sql' (the SQL, null when none was found) or "
+                             "'solution_str' (the model's answer; the SQL is extracted from it)")
+        return self
+
+    def to_score_item(self) -> ScoreItem:
+        """The domain record: `solution_str` goes through `extract_sql` (None = format failure).
+
+        Example:
+            >>> item = ScoreRequestItem(db_id="a", gold_sql="SELECT 1", solution_str="<answer>SELECT 2</answer>")
+            >>> item.to_score_item()
+            ScoreItem(db_id='a', gold_sql='SELECT 1', pred_sql='SELECT 2', compare='bird', id=None)
+        """
+        pred = self.pred_sql if self.solution_str is None else extract_sql(self.solution_str)
+        return ScoreItem(self.db_id, self.gold_sql, pred, self.compare, self.id)
+
+
+class ScoreRequest(BaseModel):
+    items: list[ScoreRequestItem]
+
+
+class ScoreResultItem(BaseModel):
+    """The answer for one item, in request order."""
+
+    id: ItemId
+    status: Status = Field(..., description="how the prediction ran: ok, empty, error, timeout, rejected")
+    match: bool
+    reward: float
+    gold_status: Status
+    format_ok: bool = Field(..., description="false when no SQL was found in the answer")
+    error: str | None = Field(None, description="the prediction's error message, verbatim from the engine")
+    gold_error: str | None = None
+    elapsed_s: float = Field(0.0, description="seconds the prediction ran")
+
+
+class ScoreResponse(BaseModel):
+    results: list[ScoreResultItem]
+
+
+def result_to_wire(r: ScoreResult) -> dict:
+    """One `/v1/score` result as JSON-ready data (the `ScoreResultItem` schema); errors only when present.
+
+    Example:
+        >>> wire = result_to_wire(ScoreResult(7, True, 1.0, "ok", "ok", pred_elapsed_s=0.002))
+        >>> wire["id"], wire["status"], wire["match"], wire["reward"], "error" in wire
+        (7, 'ok', True, 1.0, False)
+    """
+    wire = {"id": r.id, "status": r.pred_status, "match": r.match, "reward": r.reward, "gold_status": r.gold_status,
+            "format_ok": r.format_ok, "elapsed_s": r.pred_elapsed_s}
+    if r.pred_error is not None:
+        wire["error"] = r.pred_error
+    if r.gold_error is not None:
+        wire["gold_error"] = r.gold_error
+    return wire
+
+
+def result_from_wire(wire: dict, id: Any = None) -> ScoreResult:
+    """Back to the domain record, with the caller's own `id`: a remote score reads exactly like a local one.
+
+    Example:
+        >>> result_from_wire({"id": 0, "status": "error", "match": False, "reward": 0.0, "gold_status": "ok",
+        ...                   "format_ok": True, "error": "no such column: x"}, id="a").pred_error
+        'no such column: x'
+    """
+    return ScoreResult(id, wire["match"], wire["reward"], wire["status"], wire["gold_status"],
+                       pred_error=wire.get("error"), gold_error=wire.get("gold_error"), format_ok=wire["format_ok"],
+                       pred_elapsed_s=wire.get("elapsed_s", 0.0))
+
+
+class ExecuteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    db_id: str
+    sql: str
+    max_rows: int = Field(20, ge=0, le=PREVIEW_ROWS_MAX, description="rows of the result to send back")
+
+
+class ExecuteResponse(BaseModel):
+    """A typed outcome and a capped preview of its rows (for the repair lifecycle)."""
+
+    status: Status
+    columns: list[str]
+    rows: list[list[Any]] = Field(..., description="the first max_rows rows; bytes as hex")
+    row_count: int = Field(..., description="rows the query returned in all")
+    truncated: bool
+    elapsed_s: float
+    error: str | None = None
+
+    @classmethod
+    def from_outcome(cls, outcome: Outcome, max_rows: int) -> "ExecuteResponse":
+        """Example:
+            >>> ExecuteResponse.from_outcome(Outcome(Status.OK, rows=((1,), (2,)), columns=("x",)), 1).rows
+            [[1]]
+        """
+        view = outcome.to_json(max_rows=max_rows)
+        return cls(**view, truncated=view["row_count"] > len(view["rows"]))
+
+
+class HealthResponse(BaseModel):
+    status: str = Field(..., description="'ok', or 'shutting_down' once the server stops admitting work")
+    workers: int
+    queue_depth: int = Field(..., description="items admitted and not yet answered")
+    max_queue_items: int
+    worker_restarts: int
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(..., description="machine-readable kind: invalid_request, too_large, unknown_db, ...")
+    message: str
+    details: list[Any] | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every non-2xx answer has this shape."""
+
+    error: ErrorBody
