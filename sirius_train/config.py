@@ -1,0 +1,219 @@
+"""The run configuration: typed dataclasses, loaded from YAML with `key=value` overrides (omegaconf).
+
+One declaration holds every default (no `cfg.get(key, default)` elsewhere). Unknown keys, wrong types
+and broken invariants fail when the config loads, with the key, the value and what to do instead --
+not at step 1 of a cluster job. Both backends read this same config; `verl_backend.translate` maps
+it to verl's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from sirius_train.algorithms.entropy import ENTROPY_MODES
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key, the value and the fix."""
+
+
+@dataclass
+class DataConfig:
+    db_root: str = "demo_data/dbs"  # folder with <db_id>/<db_id>.sqlite
+    build_demo_dbs: bool = True  # generate the project's demo databases into db_root when missing
+    train_dbs: list[str] = field(default_factory=lambda: ["retail", "university", "library"])
+    eval_dbs: list[str] = field(default_factory=lambda: ["clinic", "flights"])  # held out: never trained on
+    pool_files: list[str] = field(default_factory=list)  # extra examples (our JSONL) added to the train pool
+    synth_per_db: int = 300  # synthesized examples per train database
+    eval_per_db: int = 60  # synthesized held-out questions per eval database
+    schema_samples: int = 0  # sample values per column shown in the prompt
+    system_prompt: str | None = None  # None: the default prompt; "": no system message
+    compare: str = "bird"  # result equivalence: bird | spider
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # local HF checkpoint; None builds the nano model below
+    gguf_file: str | None = None  # GGUF file inside `path` (transformers loads it with the gguf package)
+    tokenizer_vocab: int = 2048  # nano: BPE vocabulary trained on the spot
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    max_position_embeddings: int = 1024
+    dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start (the cold start before RL): loss on answer tokens only."""
+
+    enabled: bool = True
+    epochs: float = 3.0
+    lr: float = 2e-3
+    batch_size: int = 32
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    max_len: int = 512
+    packing: bool = False  # pack several examples into one sequence (throughput on GPUs)
+    deepspeed: str | None = None  # DeepSpeed JSON (ZeRO-2/3) for multi-GPU runs; None on CPU
+
+
+@dataclass
+class EntropyConfig:
+    mode: str = "adaptive"  # adaptive (threshold-gated) | fixed | off
+    target: float = 0.2  # H_target, nats/token
+    delta: float = 1e-4  # coefficient change per step
+    coef_max: float = 0.005
+    coef: float = 0.0  # c_0 (adaptive) or the constant (fixed)
+
+
+@dataclass
+class StageConfig:
+    """One DAPO stage: curriculum from the current policy, then training. Defaults follow SPEC section 3."""
+
+    name: str = "stage"
+    steps: int = 20
+    budget: int = 256  # curriculum size (examples, repeats included)
+    lr: float = 1e-4
+    warmup_steps: int = 2
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # rollouts
+    prompts_per_step: int = 8  # groups per update after dynamic sampling
+    n_samples: int = 8  # G, answers per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 96  # L_max
+    overlong_cache: int = 16  # L_cache (0 disables overlong shaping)
+    max_gen_rounds: int = 3  # dynamic sampling: generation rounds to fill the batch
+    gen_batch_size: int = 64  # sequences generated together
+    # updates
+    mini_batches: int = 2  # optimizer steps per rollout batch (clip-higher needs more than one)
+    ppo_epochs: int = 1
+    micro_batch_size: int = 32
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    clip_c: float = 10.0
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)
+    # curriculum
+    estimate_k: int = 8  # samples per example for pass rates
+    bins: int = 4
+    max_repeats: int = 3
+    keep_zero_share: float = 0.0  # share of the budget that p=0 examples may take
+    # bookkeeping
+    eval_every: int = 0  # steps between held-out evaluations (0: only at the end of the stage)
+    checkpoint_every: int = 5
+
+
+@dataclass
+class RewardConfig:
+    timeout_s: float = 2.0
+    workers: int = 0  # sandboxed worker processes (0: in-process)
+    correct: float = 1.0
+    wrong: float = 0.0
+    error: float = 0.0
+    timeout: float = 0.0
+    rejected: float = 0.0
+    format_failure: float = -1.0
+    url: str | None = None  # reward server(s), comma-separated; None scores locally
+
+
+@dataclass
+class LoggingConfig:
+    backends: list[str] = field(default_factory=list)  # any of: wandb, tensorboard
+    project: str = "sirius-sql"
+    plots: bool = True
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    output_dir: str = "runs"
+    backend: str = "local"  # local | verl
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads (0: torch's default)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig(name="stage1"), StageConfig(name="stage2")])
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Cross-field rules, each error saying what to set instead."""
+    def bad(key: str, value, rule: str):
+        raise ConfigError(f"{key}={value!r}: {rule}")
+
+    if cfg.backend not in ("local", "verl"):
+        bad("backend", cfg.backend, "use 'local' (one process, CPU or one GPU) or 'verl' (Ray cluster)")
+    if cfg.data.compare not in ("bird", "spider"):
+        bad("data.compare", cfg.data.compare, "use 'bird' or 'spider'")
+    if not cfg.stages:
+        bad("stages", cfg.stages, "give at least one stage")
+    overlap = set(cfg.data.train_dbs) & set(cfg.data.eval_dbs)
+    if overlap:
+        bad("data.eval_dbs", cfg.data.eval_dbs, f"held-out databases must not be trained on: {sorted(overlap)}")
+    for i, s in enumerate(cfg.stages):
+        key = f"stages.{i}"
+        if s.n_samples < 2:
+            bad(f"{key}.n_samples", s.n_samples, "DAPO needs a group of at least 2 answers per prompt")
+        if not 0 <= s.clip_low < 1 or s.clip_high < 0:
+            bad(f"{key}.clip_low", s.clip_low, "need 0 <= clip_low < 1 and clip_high >= 0")
+        if s.clip_c <= 1:
+            bad(f"{key}.clip_c", s.clip_c, "dual clip needs clip_c > 1 (DAPO uses 10)")
+        if s.overlong_cache < 0 or s.overlong_cache >= s.max_new_tokens:
+            bad(f"{key}.overlong_cache", s.overlong_cache, f"need 0 <= overlong_cache < max_new_tokens "
+                f"({s.max_new_tokens})")
+        if s.mini_batches < 1 or s.mini_batches > s.prompts_per_step * s.n_samples:
+            bad(f"{key}.mini_batches", s.mini_batches, "need 1 <= mini_batches <= prompts_per_step * n_samples")
+        if s.entropy.mode == "False":  # YAML 1.1 reads a bare `off` as false
+            s.entropy.mode = "off"
+        if s.entropy.mode not in ENTROPY_MODES:
+            bad(f"{key}.entropy.mode", s.entropy.mode, f"use one of {list(ENTROPY_MODES)}")
+        if s.steps < 1 or s.budget < 1:
+            bad(f"{key}.steps", s.steps, "steps and budget must be >= 1")
+        if not 0 <= s.keep_zero_share < 1:
+            bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
+    for backend in cfg.logging.backends:
+        if backend not in ("wandb", "tensorboard"):
+            bad("logging.backends", cfg.logging.backends, "allowed: wandb, tensorboard")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """The RunConfig from a YAML file (or the defaults) and `key=value` overrides, validated."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = schema
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file not found: {path}")
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"overrides must look like key=value, got {bad}")
+            for override in overrides:
+                key, value = override.split("=", 1)
+                parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
+                OmegaConf.update(merged, key.strip(), parsed, merge=True)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {e}".replace("\n", " ")) from None
+    return validate(cfg)
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))

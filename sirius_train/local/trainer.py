@@ -1,0 +1,289 @@
+"""The local DAPO trainer: one process, CPU or one GPU, any Hugging Face causal LM.
+
+One step, in the order DAPO prescribes (Yu et al. 2025) and SPEC section 3 writes out:
+  1. rollout   -- sample G answers for each prompt (KV-cached, batched `generate`);
+  2. reward    -- execute every answer's SQL in the sandbox; correct 1 / wrong 0 / no SQL -1, plus
+                  overlong shaping on the token length;
+  3. filter    -- dynamic sampling: keep groups with 0 < #correct < G; generate more rounds until the
+                  batch is full or the round budget is spent (then train on what there is, and log it);
+  4. advantage -- group-normalised, the same for every token of an answer;
+  5. update    -- old log-probs once, then several mini-batch steps of the clipped token-mean loss
+                  minus the gated entropy bonus; gradient clipping; AdamW with warmup;
+  6. gate      -- the entropy coefficient moves once, from this step's entropy.
+The math is in `sirius_train.algorithms`; this file only orchestrates it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rewards.executor import Executor
+from rewards.extract import extract_sql
+from rewards.scoring import ScoreItem
+from sirius_train.algorithms import (
+    DynamicSamplingBuffer,
+    EntropyGate,
+    EntropyGateConfig,
+    dynamic_sampling_keep,
+    group_advantages,
+    group_metrics,
+    logprobs_and_entropy,
+    overlong_penalties,
+    policy_loss,
+)
+from sirius_train.config import StageConfig
+from sirius_train.local.checkpoint import capture_rng, latest_checkpoint, load_state, restore_rng, save_checkpoint
+from sirius_train.local.rollout import Rollout, generate
+from sirius_train.metrics import MetricsLog
+
+
+@dataclass(frozen=True)
+class TrainItem:
+    """One curriculum row: the chat prompt and what its answers are scored against."""
+
+    prompt: list[dict]
+    db_id: str
+    gold_sql: str
+    uid: str = ""
+
+
+class EpochSampler:
+    """Shuffled passes over the curriculum; its position is part of the checkpoint."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed = n, seed
+        self.epoch, self.pos = 0, 0
+        self._order = self._shuffle()
+
+    def _shuffle(self) -> list[int]:
+        order = list(range(self.n))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos == self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._shuffle()
+            out.append(self._order[self.pos])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._shuffle()
+
+
+def response_logprobs(model, roll: Rollout, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropies (N, R) of the sampled response tokens under `model`."""
+    input_ids, attention_mask = roll.input_ids, roll.attention_mask  # (N, P + R)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the prompt
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits  # (N, P + R, V)
+    P = roll.prompt_ids.shape[1]
+    return logprobs_and_entropy(logits[:, P - 1:-1], roll.response_ids, temperature=temperature)  # (N, R) each
+
+
+def trim(roll: Rollout) -> Rollout:
+    """Drop all-padding columns (left of prompts, right of responses) so no compute is spent on them."""
+    keep_p = roll.prompt_mask.any(dim=0).nonzero()
+    keep_r = roll.response_mask.any(dim=0).nonzero()
+    p0 = int(keep_p[0]) if len(keep_p) else 0
+    r1 = int(keep_r[-1]) + 1 if len(keep_r) else 1
+    return Rollout(roll.prompt_ids[:, p0:], roll.prompt_mask[:, p0:], roll.response_ids[:, :r1],
+                   roll.response_mask[:, :r1], roll.texts, roll.lengths, roll.truncated)
+
+
+def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    R = max(r.response_ids.shape[1] for r in parts)
+
+    def left(x, width, value):
+        return torch.nn.functional.pad(x, (width - x.shape[1], 0), value=value)
+
+    def right(x, width, value):
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    return Rollout(torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
+                   torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
+                   torch.cat([right(r.response_ids, R, pad_id) for r in parts]),
+                   torch.cat([right(r.response_mask, R, 0) for r in parts]),
+                   [t for r in parts for t in r.texts], torch.cat([r.lengths for r in parts]),
+                   torch.cat([r.truncated for r in parts]))
+
+
+class DAPOTrainer:
+    """Trains `model` on `items` for one stage, checkpointing into `ckpt_dir` and resuming from it."""
+
+    def __init__(self, model, tokenizer, items: list[TrainItem], stage: StageConfig, executor: Executor, *,
+                 ckpt_dir, metrics: MetricsLog, seed: int = 0, compare: str = "bird", evaluate=None,
+                 progress=None):
+        if not items:
+            raise ValueError(f"stage {stage.name!r} has an empty curriculum: nothing to train on")
+        self.model, self.tokenizer, self.items, self.cfg = model, tokenizer, items, stage
+        self.executor, self.metrics, self.compare = executor, metrics, compare
+        self.ckpt_dir, self.seed = ckpt_dir, seed
+        self.evaluate = evaluate  # callable(model) -> {"eval_exec_acc": ...}
+        self.progress = progress  # callable(step, row) for a progress bar
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=stage.lr,
+                                           betas=(0.9, 0.999), weight_decay=stage.weight_decay)
+        warmup = max(stage.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+        self.gate = EntropyGate(EntropyGateConfig(**vars(stage.entropy)))
+        self.sampler = EpochSampler(len(items), seed)
+        self.step = 0
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {"step": self.step, "stage": self.cfg.name, "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "gate": self.gate.state_dict(),
+                "data": self.sampler.state_dict(), "rng": capture_rng()}
+
+    def save(self) -> None:
+        save_checkpoint(self.ckpt_dir, self.step, self.model, self.tokenizer, self.state_dict())
+
+    def resume(self) -> bool:
+        """Restore the latest checkpoint of this stage, if any; returns whether it did."""
+        path = latest_checkpoint(self.ckpt_dir)
+        if path is None:
+            return False
+        from safetensors.torch import load_file
+
+        weights = load_file(str(path / "model.safetensors"), device=str(self.device))
+        self.model.load_state_dict(weights, strict=False)  # tied embeddings are stored once
+        state = load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.gate.load_state_dict(state["gate"])
+        self.sampler.load_state_dict(state["data"])
+        restore_rng(state["rng"])
+        self.step = state["step"]
+        self.metrics.truncate_after(self.cfg.name, self.step)
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> None:
+        cfg = self.cfg
+        while self.step < cfg.steps:
+            self.step += 1
+            row = self.train_step()
+            if self.evaluate is not None and (self.step == cfg.steps or
+                                              (cfg.eval_every and self.step % cfg.eval_every == 0)):
+                row.update(self.evaluate(self.model))
+            self.metrics.log(row)
+            if self.progress is not None:
+                self.progress(self.step, row)
+            if self.step == cfg.steps or self.step % cfg.checkpoint_every == 0:
+                self.save()
+
+    def train_step(self) -> dict:
+        cfg, G = self.cfg, self.cfg.n_samples
+        t0 = time.monotonic()
+        buffer = DynamicSamplingBuffer(target_groups=cfg.prompts_per_step, max_rounds=cfg.max_gen_rounds)
+        all_rewards, all_correct, generated = [], [], 0
+        while not buffer.done:
+            indices = self.sampler.take(cfg.prompts_per_step)
+            roll = generate(self.model, self.tokenizer, [self.items[i].prompt for i in indices], n=G,
+                            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                            batch_size=cfg.gen_batch_size)
+            generated += int(roll.lengths.sum())
+            correct, rewards = self.score(roll, [self.items[i] for i in indices for _ in range(G)])
+            correct, rewards = correct.view(-1, G), rewards.view(-1, G)  # (n_prompts, G)
+            all_rewards.append(rewards)
+            all_correct.append(correct)
+            groups = [(roll.select(range(g * G, (g + 1) * G)), rewards[g]) for g in range(len(indices))]
+            buffer.add(groups, dynamic_sampling_keep(correct))
+        gen_time = time.monotonic() - t0
+        row = {"step": self.step, "stage": cfg.name}
+        rollout_stats = group_metrics(torch.cat(all_rewards), torch.cat(all_correct))
+        row.update({"reward_mean": rollout_stats["dapo/reward_mean"], "acc_mean": rollout_stats["dapo/acc_mean"],
+                    "frac_all_correct": rollout_stats["dapo/frac_groups_all_correct"],
+                    "frac_all_wrong": rollout_stats["dapo/frac_groups_all_wrong"],
+                    "kept_groups": int(buffer.kept), "dropped_groups": int(buffer.dropped),
+                    "gen_rounds": buffer.rounds, "train_groups": len(buffer.take()),
+                    "response_length": generated / max(sum(r.numel() for r in all_rewards), 1)})
+        groups = buffer.take()
+        if groups:
+            row.update(self.update(groups))
+        else:  # every group was all-correct or all-wrong: no gradient, no entropy reading; the gate holds
+            row.update({"entropy": float("nan"), "entropy_coef": self.gate.coefficient()})
+        elapsed = time.monotonic() - t0
+        row.update({"gen_time_s": round(gen_time, 3), "step_time_s": round(elapsed, 3),
+                    "tokens_per_s": round(generated / elapsed, 1), "lr": self.scheduler.get_last_lr()[0]})
+        return row
+
+    def score(self, roll: Rollout, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(correct, shaped reward) per answer: execution reward + DAPO overlong shaping."""
+        results = self.executor.score([ScoreItem(it.db_id, it.gold_sql, extract_sql(text), self.compare)
+                                       for it, text in zip(items, roll.texts)])
+        correct = torch.tensor([r.match for r in results], dtype=torch.bool)
+        rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
+        if self.cfg.overlong_cache > 0:
+            rewards = rewards + overlong_penalties(roll.lengths.cpu(), self.cfg.max_new_tokens,
+                                                   self.cfg.overlong_cache)
+        return correct, rewards
+
+    def update(self, groups: list[tuple[Rollout, torch.Tensor]]) -> dict:
+        cfg = self.cfg
+        batch = trim(cat_rollouts([g[0] for g in groups], self.tokenizer.pad_token_id))
+        rewards = torch.stack([g[1] for g in groups])  # (n_groups, G)
+        advantages = group_advantages(rewards).flatten().to(self.device)  # (N,)
+        mask = batch.response_mask.float()  # (N, R)
+        token_adv = advantages[:, None] * mask  # (N, R): Â_i on every token of answer i
+        N = mask.shape[0]
+        micro = max(1, cfg.micro_batch_size)
+        with torch.no_grad():  # π_old: the policy that sampled, before any update of this step
+            old_parts, ent_parts = zip(*(response_logprobs(self.model, batch.select(range(s, min(s + micro, N))),
+                                                           cfg.temperature) for s in range(0, N, micro)))
+            old_log_prob, old_entropy = torch.cat(old_parts), torch.cat(ent_parts)
+        entropy_k = float((old_entropy * mask).sum() / mask.sum().clamp(min=1))
+        coef = self.gate.active_coefficient(entropy_k)
+        sums: dict[str, float] = {}
+        weights = 0.0
+        grad_norms = []
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            order = torch.randperm(N).tolist()
+            for mb in _split(order, cfg.mini_batches):
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_tokens = mask[mb].sum().clamp(min=1)
+                for start in range(0, len(mb), micro):
+                    idx = mb[start:start + micro]
+                    part = batch.select(idx)
+                    log_prob, entropy = response_logprobs(self.model, part, cfg.temperature)
+                    pg_loss, m = policy_loss(log_prob, old_log_prob[idx], token_adv[idx], mask[idx],
+                                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
+                                             num_tokens_global=mb_tokens)
+                    entropy_term = (entropy * mask[idx]).sum() / mb_tokens  # this micro-batch's share of H
+                    (pg_loss - coef * entropy_term).backward()
+                    w = float(mask[idx].sum())
+                    weights += w
+                    m["actor/pg_loss"] = float(pg_loss) * float(mb_tokens) / max(w, 1.0)
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v * w
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)))
+                self.optimizer.step()
+                self.scheduler.step()
+        gate = self.gate.update(entropy_k)
+        out = {k.split("/")[-1]: v / max(weights, 1.0) for k, v in sums.items()}
+        out.update({"entropy": entropy_k, "entropy_coef": gate["actor/entropy_coef"],
+                    "entropy_gate_open": gate["actor/entropy_gate_open"],
+                    "grad_norm": sum(grad_norms) / len(grad_norms), "adv_abs_mean": float(advantages.abs().mean()),
+                    "n_answers": N})
+        return out
+
+
+def _split(order: list[int], parts: int) -> list[list[int]]:
+    size = math.ceil(len(order) / parts)
+    return [order[i:i + size] for i in range(0, len(order), size)]
