@@ -25,15 +25,23 @@ from data_synthesis.sqlgen.templates import value_text
 from data_synthesis.sqlgen.trees import literal, literal_value, parse, render
 
 FLIPPED_COMPARISON = {exp.GT: exp.LT, exp.LT: exp.GT, exp.GTE: exp.LTE, exp.LTE: exp.GTE}
-COMPARISON_WORDS = [("greater than", "less than"), ("more than", "fewer than"), ("higher than", "lower than"),
-                    ("larger than", "smaller than"), ("above", "below"), ("after", "before"),
-                    ("at least", "at most"), ("over", "under")]
-ORDER_WORDS = [("highest", "lowest"), ("largest", "smallest"), ("most", "fewest"), ("descending", "ascending"),
-               ("latest", "earliest"), ("biggest", "smallest"), ("greatest", "least")]
-AGGREGATE_SWAPS = {exp.Max: (exp.Min, [("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest")]),
-                   exp.Min: (exp.Max, [("minimum", "maximum"), ("lowest", "highest"), ("smallest", "largest")]),
-                   exp.Avg: (exp.Sum, [("average", "total")]),
-                   exp.Sum: (exp.Avg, [("total", "average")])}
+
+
+def _both_ways(*pairs: tuple[str, str]) -> dict[str, str]:
+    return {**{a: b for a, b in pairs}, **{b: a for a, b in pairs}}
+
+
+# word -> its opposite; a question is edited only when it holds exactly one of these words
+COMPARISON_WORDS = _both_ways(("greater than", "less than"), ("more than", "fewer than"), ("higher than", "lower than"),
+                              ("larger than", "smaller than"), ("above", "below"), ("after", "before"),
+                              ("at least", "at most"), ("over", "under"))
+ORDER_WORDS = {**_both_ways(("highest", "lowest"), ("largest", "smallest"), ("most", "least"),
+                            ("descending", "ascending"), ("latest", "earliest")),
+               "fewest": "most", "biggest": "smallest", "greatest": "least"}
+AGGREGATE_SWAPS = {exp.Max: (exp.Min, _both_ways(("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest"))),
+                   exp.Min: (exp.Max, _both_ways(("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest"))),
+                   exp.Avg: (exp.Sum, {"average": "total", "mean": "total"}),
+                   exp.Sum: (exp.Avg, {"total": "average", "sum": "average"})}
 
 
 @dataclass(frozen=True)
@@ -97,13 +105,25 @@ def _swap_once(question: str, old: str, new: str) -> str | None:
     return pattern.sub(lambda _: new, question)
 
 
-def _swap_words(question: str, pairs: list[tuple[str, str]]) -> str | None:
-    """Swap the one phrase of `pairs` (either direction) that the question contains exactly once."""
-    found = [(a, b) for a, b in pairs + [(b, a) for a, b in pairs]
-             if re.search(rf"\b{re.escape(a)}\b", question, re.IGNORECASE)]
-    if len(found) != 1:
+def _swap_words(question: str, opposites: dict[str, str]) -> str | None:
+    """Swap the one word of `opposites` the question holds (exactly once, and no other of them), else None.
+
+    Example:
+        >>> _swap_words("Which singer is the oldest with the highest age?", ORDER_WORDS)
+        'Which singer is the oldest with the lowest age?'
+        >>> _swap_words("The highest price at most 5", ORDER_WORDS) is None  # 'at most' too: ambiguous
+        True
+    """
+    hits = [(m.start(), m.end(), word) for word in opposites
+            for m in re.finditer(rf"(?<![\w']){re.escape(word)}(?![\w'])", question, re.IGNORECASE)]
+    outer = [h for h in hits if not any(o != h and o[0] <= h[0] and h[1] <= o[1] for o in hits)]
+    if len(outer) != 1:
         return None
-    return _swap_once(question, *found[0])
+    start, end, word = outer[0]
+    new = opposites[word]
+    if question[start].isupper():
+        new = new[0].upper() + new[1:]
+    return question[:start] + new + question[end:]
 
 
 def _resolve(col: exp.Column, profile: DbProfile) -> ColumnProfile | None:
@@ -132,7 +152,7 @@ def rebind_literal(tree, question, profile, rng) -> list[Mutant]:
             continue
         old = literal_value(lit)
         pool = profiled.values if isinstance(cmp, (exp.EQ, exp.NEQ)) else profiled.quantiles or profiled.values
-        choices = [v for v in dict.fromkeys(pool) if v != old and type(v) is type(old)]
+        choices = [v for v in dict.fromkeys(pool) if v != old and isinstance(v, str) == isinstance(old, str)]
         for new in rng.sample(choices, min(2, len(choices))):
             sql = _edited(tree, lit, lambda _: literal(new))
             swapped = _swap_once(question, value_text(old), value_text(new))

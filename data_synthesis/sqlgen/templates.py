@@ -2,7 +2,7 @@
 
 Template questions name the tables, columns and values they use literally or nearly so ("How many orders
 have status 'shipped'?"): a small model trained from scratch can only learn a mapping it can see, and a
-larger one loses nothing by it. Values appear exactly as in the SQL (strings in single quotes), so a
+larger one loses nothing by it. Values appear as the SQL has them (strings in single quotes), so a
 question and its SQL never disagree about a literal.
 """
 
@@ -73,14 +73,14 @@ def plural(name: str) -> str:
 
 
 def value_text(value) -> str:
-    """A value as the question shows it: exactly its SQL literal.
+    """A value as a question shows it: text in single quotes (unescaped: questions are prose), numbers bare.
 
     Example:
         >>> value_text("Paris"), value_text("O'Neil"), value_text(3), value_text(2.5)
-        ("'Paris'", "'O''Neil'", '3', '2.5')
+        ("'Paris'", "'O'Neil'", '3', '2.5')
     """
     if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
+        return f"'{value}'"
     return repr(value) if isinstance(value, float) else str(value)
 
 
