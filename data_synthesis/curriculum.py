@@ -95,13 +95,11 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         plan = plan_curriculum(rates, budget, config, seed)
         if not made:
             break
-    dropped = dict(plan.dropped)
-    if unrated:
-        dropped["no pass rate (not estimated, or gold failed)"] = unrated
-    report = {"budget": budget, "seed": seed, "config": asdict(config), "pool": len(examples),
+    report = {"seed": seed, "config": asdict(config), "pool": len(examples),
               "estimated": len(rates) - len(new_examples), "new_examples": len(new_examples),
-              "selected": len(plan.selection), "unique_selected": len(set(plan.selection)), "dropped": dropped,
-              "bins": [asdict(b) for b in plan.bins], "zero": asdict(plan.zero), "fill_rounds": rounds}
+              "unique_selected": len(set(plan.selection)), **plan.to_json(), "fill_rounds": rounds}
+    if unrated:
+        report["dropped"]["no pass rate (not estimated, or gold failed)"] = unrated
     chosen = [pool[i] for i in plan.selection]
     return Curriculum(chosen, rates, new_examples, report)
 

@@ -56,7 +56,7 @@ class Example:
             >>> Example.from_json({"id": 7, "db_id": "shop", "question": "Q?"}, where="pool.jsonl:3")
             Traceback (most recent call last):
             ...
-            data_synthesis.records.RecordError: pool.jsonl:3: missing field(s) ['gold_sql']; an example needs ['id', 'db_id', 'question', 'gold_sql']
+            data_synthesis.records.RecordError: pool.jsonl:3: missing field(s) ['gold_sql']; an example needs ...
         """
         prefix = f"{where}: " if where else ""
         missing = [k for k in REQUIRED if row.get(k) is None]
@@ -97,7 +97,7 @@ def check_unique_ids(examples: Iterable[Example], where: str = "pool") -> None:
         >>> check_unique_ids([Example("1", "d", "q", "s"), Example("1", "d", "q2", "s2")], "demo")
         Traceback (most recent call last):
         ...
-        data_synthesis.records.RecordError: demo: duplicate example id(s) ['1']: ids must be unique (they key pass rates and caches)
+        data_synthesis.records.RecordError: demo: duplicate example id(s) ['1']: ids must be unique ...
     """
     seen: set[str] = set()
     dupes: list[str] = []

@@ -41,8 +41,8 @@ def test_bad_pool_lines_name_file_line_and_field(tmp_path):
 
 
 def test_spider_and_bird_formats(tmp_path):
-    spider = _write(tmp_path / "dev.json", [{"db_id": "shop", "question": "How many?", "query": "SELECT count(*) FROM t",
-                                            "query_toks": ["SELECT"], "sql": {}}])
+    spider = _write(tmp_path / "dev.json", [{"db_id": "shop", "question": "How many?",
+                                            "query": "SELECT count(*) FROM t", "query_toks": ["SELECT"], "sql": {}}])
     tables = _write(tmp_path / "tables.json", [{"db_id": "shop", "table_names_original": ["t"]}])
     [e] = load_dataset(spider, tables=tables)
     assert (e.id, e.db_id, e.gold_sql, e.source, e.evidence) == ("spider-dev-0", "shop", "SELECT count(*) FROM t",

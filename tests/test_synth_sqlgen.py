@@ -9,6 +9,7 @@ from data_synthesis.demo_dbs import DEMO_DB_IDS
 from data_synthesis.sqlgen.features import FEATURES, feature_shares, sql_features
 from data_synthesis.sqlgen.llm_writer import required_literals
 from data_synthesis.sqlgen.profile import profile_database
+from data_synthesis.sqlgen.rules import child_noun
 from data_synthesis.sqlgen.synthesize import Synthesizer, synthesize
 from data_synthesis.sqlgen.trees import ident, parse, render
 from rewards.sandbox import Sandbox
@@ -23,6 +24,7 @@ def test_every_gold_executes_non_empty_and_is_distinct(demo_examples, demo_db_ro
     for db, examples in demo_examples.items():
         assert len(examples) == 40
         assert len({e.gold_sql for e in examples}) == 40 and len({e.id for e in examples}) == 40
+        assert len({e.question for e in examples}) == 40  # one question, one SQL
         with Sandbox(demo_db_root / db / f"{db}.sqlite") as sandbox:  # checked again, independently
             outcomes = [sandbox.run(e.gold_sql) for e in examples]
         assert all(o.status.value == "ok" and o.rows for o in outcomes), db
@@ -65,6 +67,14 @@ def test_joins_follow_foreign_keys_only(demo_examples, demo_db_root):
             on = join.args["on"]
             pair = frozenset((alias[c.table].lower(), c.name.lower()) for c in (on.this, on.expression))
             assert pair in keys, e.gold_sql
+
+
+def test_two_keys_to_one_parent_are_told_apart(demo_db_root):
+    profile = profile_database(demo_db_root / "flights" / "flights.sqlite")
+    twins = [lk for lk in profile.links if lk.parent == "airports"]
+    assert sorted(child_noun(profile, lk) for lk in twins) == ["flights by dest airport id",
+                                                               "flights by source airport id"]
+    assert child_noun(profile, next(lk for lk in profile.links if lk.parent == "airlines")) == "flights"
 
 
 def test_any_sqlite_file_with_awkward_names(tmp_path):

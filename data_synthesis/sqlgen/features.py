@@ -17,6 +17,10 @@ from data_synthesis.sqlgen.trees import parse
 
 # The features the benchmark compares, in report order.
 FEATURES = ("join", "aggregate", "group_by", "having", "order_limit", "nested", "set_op", "where", "distinct")
+# features that are the presence of a node type anywhere in the tree
+_NODES = (("join", (exp.Join,)), ("aggregate", (exp.AggFunc,)), ("group_by", (exp.Group,)), ("having", (exp.Having,)),
+          ("order_limit", (exp.Order, exp.Limit)), ("set_op", (exp.SetOperation,)), ("where", (exp.Where,)),
+          ("distinct", (exp.Distinct,)))
 
 
 def tree_features(tree: exp.Expression) -> frozenset[str]:
@@ -26,25 +30,10 @@ def tree_features(tree: exp.Expression) -> frozenset[str]:
         >>> sorted(tree_features(parse("SELECT a FROM t WHERE b IN (SELECT c FROM u) ORDER BY a LIMIT 1")))
         ['nested', 'order_limit', 'where']
     """
-    found = set()
-    if tree.find(exp.Join):
-        found.add("join")
-    if tree.find(exp.AggFunc):
-        found.add("aggregate")
-    if tree.find(exp.Group):
-        found.add("group_by")
-    if tree.find(exp.Having):
-        found.add("having")
-    if tree.find(exp.Order, exp.Limit):
-        found.add("order_limit")
+    found = {name for name, nodes in _NODES if tree.find(*nodes)}
+    # nested: a SELECT inside another SELECT or a subquery (set-operation branches are not nesting)
     if any(s.find_ancestor(exp.Select, exp.Subquery) is not None for s in tree.find_all(exp.Select)):
         found.add("nested")
-    if tree.find(exp.SetOperation):
-        found.add("set_op")
-    if tree.find(exp.Where):
-        found.add("where")
-    if tree.find(exp.Distinct):
-        found.add("distinct")
     return frozenset(found)
 
 

@@ -51,9 +51,10 @@ def usable(answer: str, sql: str) -> tuple[str | None, str | None]:
     """(the cleaned question, None) or (None, why it was rejected).
 
     Example:
-        >>> usable('Question: "How many orders have status \\'shipped\\'?"', "SELECT COUNT(*) FROM o WHERE status = 'shipped'")
+        >>> sql = "SELECT COUNT(*) FROM o WHERE status = 'shipped'"
+        >>> usable('Question: "How many orders have status \\'shipped\\'?"', sql)
         ("How many orders have status 'shipped'?", None)
-        >>> usable("How many orders are there?", "SELECT COUNT(*) FROM o WHERE status = 'shipped'")
+        >>> usable("How many orders are there?", sql)
         (None, "does not mention the value 'shipped'")
     """
     lines = [line.strip() for line in (answer or "").strip().splitlines() if line.strip()]

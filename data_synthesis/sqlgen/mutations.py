@@ -38,8 +38,9 @@ COMPARISON_WORDS = _both_ways(("greater than", "less than"), ("more than", "fewe
 ORDER_WORDS = {**_both_ways(("highest", "lowest"), ("largest", "smallest"), ("most", "least"),
                             ("descending", "ascending"), ("latest", "earliest")),
                "fewest": "most", "biggest": "smallest", "greatest": "least"}
-AGGREGATE_SWAPS = {exp.Max: (exp.Min, _both_ways(("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest"))),
-                   exp.Min: (exp.Max, _both_ways(("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest"))),
+_EXTREMES = _both_ways(("maximum", "minimum"), ("highest", "lowest"), ("largest", "smallest"))
+AGGREGATE_SWAPS = {exp.Max: (exp.Min, _EXTREMES),
+                   exp.Min: (exp.Max, _EXTREMES),
                    exp.Avg: (exp.Sum, {"average": "total", "mean": "total"}),
                    exp.Sum: (exp.Avg, {"total": "average", "sum": "average"})}
 

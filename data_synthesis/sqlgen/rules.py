@@ -48,9 +48,10 @@ class Context:
 class Source:
     """The FROM clause of a query: one table, or tables joined along foreign keys, with their words."""
 
-    def __init__(self, tables: list[TableProfile], links: list[Link] = ()):
+    def __init__(self, tables: list[TableProfile], links: list[Link] = (), child_words: str | None = None):
         self.tables = tables
         self.links = list(links)
+        self.child_words = child_words or plural(tables[-1].name)
         self.joined = len(tables) > 1
         self.aliases = {t.name: f"T{i + 1}" for i, t in enumerate(tables)} if self.joined else {}
 
@@ -74,7 +75,7 @@ class Source:
         """What the rows are: 'orders', 'customers and their orders', 'students and their courses'."""
         if not self.joined:
             return plural(self.main.name)
-        return f"{plural(self.tables[0].name)} and their {plural(self.tables[-1].name)}"
+        return f"{plural(self.tables[0].name)} and their {self.child_words}"
 
     def columns(self, pred: Callable[[ColumnProfile], bool] = lambda c: True) -> list[ColumnProfile]:
         return [c for t in self.tables for c in t.columns if pred(c)]
@@ -100,8 +101,14 @@ def pick_source(ctx: Context, p_join: float) -> Source:
             a, b = ctx.pick(bridges)
             return Source([profile.table(a.parent), profile.table(a.child), profile.table(b.parent)], [a, b])
         link = ctx.pick(profile.links)
-        return Source([profile.table(link.parent), profile.table(link.child)], [link])
+        return Source([profile.table(link.parent), profile.table(link.child)], [link], child_noun(profile, link))
     return Source([ctx.pick(profile.tables, [min(t.n_rows, 50) + 5 for t in profile.tables])])
+
+
+def child_noun(profile: DbProfile, link: Link) -> str:
+    """'routes', or 'routes by dst apid' when the child has several keys to the same parent."""
+    twins = [lk for lk in profile.links if lk.child == link.child and lk.parent == link.parent]
+    return plural(link.child) + (f" by {words(link.child_column)}" if len(twins) > 1 else "")
 
 
 def _bridges(profile: DbProfile) -> list[tuple[Link, Link]]:
@@ -298,9 +305,9 @@ def _group_by_parent(ctx: Context, link: Link) -> Draft | None:
     label = parent.label
     if label is None:
         return None
-    src = Source([parent, child], [link])
+    src = Source([parent, child], [link], child_noun(profile, link))
     key = src.col(parent.column(parent.primary_key)) if parent.primary_key else src.col(label)
-    owner, children = singular(parent.name), plural(child.name)
+    owner, children = singular(parent.name), src.child_words
     variant = ctx.pick(["count", "argmax", "having", "agg"], [4, 3, 3, 2])
     if variant == "argmax":
         desc = ctx.chance(0.75)
@@ -340,7 +347,7 @@ def top(ctx: Context) -> Draft | None:
     high = ("latest" if desc else "earliest") if o.kind == DATE else ("highest" if desc else "lowest")
     variant = ctx.pick(["one", "k", "all"], [4, 2, 3])
     if variant == "one":
-        one = singular(src.main.name) if not src.joined else f"{singular(src.main.name)} record"
+        one = singular(src.main.name) if not src.joined else f"record of {src.noun}"
         question = ctx.pick([f"What is the {shown} of the {one}{phrase} with the {high} {osay}?",
                              f"Which {one}{phrase} has the {high} {osay}? Give its {shown}."])
         return Draft(query.limit(1), question, "top")
@@ -393,8 +400,8 @@ def _nested_in(ctx: Context, link: Link) -> Draft | None:
     query = exp.select(*[column(c.name) for c in cols]).from_(table(parent.name)).where(test.not_() if negate else test)
     shown = join_words([words(c.name) for c in cols])
     have = "do not have any" if negate else "have"
-    return Draft(query, f"What are the {shown} of {plural(parent.name)} that {have} {plural(child.name)}{phrase}?",
-                 "nested")
+    children = child_noun(profile, link)
+    return Draft(query, f"What are the {shown} of {plural(parent.name)} that {have} {children}{phrase}?", "nested")
 
 
 def set_operation(ctx: Context) -> Draft | None:
@@ -432,11 +439,11 @@ def _set_over_link(ctx: Context, link: Link, kind: str) -> Draft | None:
     label = parent.label
     if label is None:
         return None
-    src = Source([parent, child], [link])
+    src = Source([parent, child], [link], child_noun(profile, link))
     first = condition(ctx, Source([child]))
     if first is None:
         return None
-    owners, children = plural(parent.name), plural(child.name)
+    owners, children = plural(parent.name), src.child_words
     shown = words(label.name)
 
     def branch(cond: exp.Expression) -> exp.Select:

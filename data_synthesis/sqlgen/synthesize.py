@@ -1,7 +1,7 @@
 """`synthesize(db_path, n, seed)`: n executable, non-empty, distinct (question, SQL) examples over any SQLite file.
 
-Draw a rule from `rules.RULES` by weight, build its tree, render it canonically, and keep it only if it is new
-and its result is informative when run in the read-only sandbox (it executes, returns rows, and is not a lone
+Draw a rule from `rules.RULES` by weight, build its tree, render it canonically, and keep it only if its SQL
+and its question are both new (one question never maps to two queries) and its result is informative when run in the read-only sandbox (it executes, returns rows, and is not a lone
 NULL or zero). A database that cannot support `n` distinct such queries (empty tables, one column) yields
 fewer, and `Synthesizer.stats` says why. Questions come from the rule's template; with a `QuestionWriter`
 (an LLM behind an OpenAI-compatible endpoint) they are rewritten, keeping the template when the LLM's answer
@@ -86,7 +86,7 @@ class Synthesizer:
         db_id = self.profile.db_id
         ctx = Context(self.profile, random.Random(f"{db_id}:{seed}"))
         weights = [r.weight for r in self.rules]
-        seen = set(avoid)
+        seen, asked = set(avoid), set()
         out: list[Example] = []
         budget = max_attempts if max_attempts is not None else 40 * n + 50
         stats = self.stats
@@ -101,8 +101,8 @@ class Synthesizer:
                     stats.rejected[f"{rule.name}: not applicable"] += 1
                     continue
                 sql = render(draft.tree)
-                if sql in seen:
-                    stats.rejected["duplicate SQL"] += 1
+                if sql in seen or draft.question in asked:  # one question, one SQL
+                    stats.rejected["duplicate SQL" if sql in seen else "duplicate question"] += 1
                     continue
                 seen.add(sql)
                 outcome = sandbox.run(sql)
@@ -110,6 +110,7 @@ class Synthesizer:
                 if reason is not None:
                     stats.rejected[reason] += 1
                     continue
+                asked.add(draft.question)
                 stats.kept += 1
                 stats.by_rule[rule.name] += 1
                 out.append(Example(id=example_id("synth", db_id, sql), db_id=db_id, question=draft.question,
