@@ -106,3 +106,32 @@ def test_mutation_filler_validates_and_estimates(demo_db_root):
         assert rate == 0.5 and child.source == "mutation" and child.meta["parent"] in {"p1", "p2"}
         assert child.meta["target_bin"] in (1, 2) and child.id.startswith(child.meta["parent"] + "~")
     assert len({c.gold_sql for c, _ in made}) == len(made)
+
+
+def test_mutation_filler_asks_the_llm_writer_for_questions_it_cannot_edit(demo_db_root):
+    from data_synthesis.chat_client import ChatClient
+    from data_synthesis.sqlgen.llm_writer import SYSTEM, LLMQuestionWriter, required_literals
+
+    # 'home' appears twice in the question, so a re-bound category cannot be carried into it by a text edit
+    parent = Example("p", "retail", "Which home products are in the home category?",
+                     "SELECT name FROM products WHERE category = 'home'")
+
+    def answer(messages, i):
+        prompt = messages[-1]["content"]
+        if messages[0]["content"] == SYSTEM:  # the writer: names every value, except for 'travel'
+            sql = prompt.split("SQL:\n")[1].split("\n\n")[0]
+            values = required_literals(sql)
+            return "Which products?" if values == ["travel"] else f"Which products are in {values}?"
+        return "no SQL"  # the policy
+
+    with FakeOpenAIServer(answer) as server:
+        writer = LLMQuestionWriter(ChatClient(server.url, "writer"))
+        filler = MutationFiller(demo_db_root, OpenAISampler(server.url, "policy"), 2, seed=0, writer=writer)
+        made = filler([(parent, 0)] * 6)
+    assert made and all(rate == 0.0 for _, rate in made)
+    for child, _ in made:
+        value = child.gold_sql.split("'")[1]
+        assert value not in ("home", "travel") and child.question == f"Which products are in ['{value}']?"
+        assert child.meta["question_from"] == "llm" and not child.meta["question_edited"]
+    assert sorted(c.gold_sql.split("'")[1] for c, _ in made) == ["kitchen", "office"]
+    assert filler.rejected["llm question rejected"] == 1  # the 'travel' mutant: the writer dropped its value

@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlglot import exp
+
 from data_synthesis.schema import read_schema
 from data_synthesis.sqlgen.trees import column, render, table
 from rewards.sandbox import Limits, Sandbox
-from sqlglot import exp
 
 NUMBER, TEXT, DATE = "number", "text", "date"
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)

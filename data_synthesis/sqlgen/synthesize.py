@@ -20,7 +20,7 @@ from data_synthesis.records import Example
 from data_synthesis.sqlgen.profile import DbProfile, profile_database
 from data_synthesis.sqlgen.rules import RULES, Context, Rule
 from data_synthesis.sqlgen.trees import render
-from rewards.outcome import Outcome, Status
+from rewards.outcome import Outcome
 from rewards.sandbox import Limits, Sandbox
 
 
@@ -36,6 +36,7 @@ def informative(outcome: Outcome) -> str | None:
     """Why a gold result teaches nothing (None when it is fine): failed, empty, or a lone NULL/0.
 
     Example:
+        >>> from rewards.outcome import Status
         >>> informative(Outcome(Status.OK, rows=((0,),))), informative(Outcome(Status.OK, rows=((3,),)))
         ('degenerate result (a single NULL or 0)', None)
     """
