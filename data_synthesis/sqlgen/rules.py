@@ -111,6 +111,14 @@ def child_noun(profile: DbProfile, link: Link) -> str:
     return plural(link.child) + (f" by {words(link.child_column)}" if len(twins) > 1 else "")
 
 
+def link_source(profile: DbProfile, link: Link) -> tuple[Source, TableProfile, TableProfile, ColumnProfile] | None:
+    """(`parent AS T1 JOIN child AS T2`, parent, child, the parent's label column), or None without a label."""
+    parent, child = profile.table(link.parent), profile.table(link.child)
+    if parent.label is None:
+        return None
+    return Source([parent, child], [link], child_noun(profile, link)), parent, child, parent.label
+
+
 def _bridges(profile: DbProfile) -> list[tuple[Link, Link]]:
     """Pairs of keys from one child to two different parents (a many-to-many bridge table)."""
     return [(a, b) for a in profile.links for b in profile.links
@@ -195,6 +203,17 @@ def group_columns(src: Source) -> list[ColumnProfile]:
     return src.columns(lambda c: askable(c) and c.categorical)
 
 
+def _focus(ctx: Context, p_join: float, candidates: Callable[[Source], list[ColumnProfile]], p_where: float):
+    """(source, one of its `candidates` columns, optional filter on another column, its phrase), or None."""
+    src = pick_source(ctx, p_join)
+    cols = candidates(src)
+    if not cols:
+        return None
+    c = ctx.pick(cols)
+    cond, phrase = where(ctx, src, p_where, exclude=(c,))
+    return src, c, cond, phrase
+
+
 def _ordered(node: exp.Expression, desc: bool) -> exp.Ordered:
     # SQLite's own NULL placement (first when ascending), so the SQL reads plainly `ORDER BY x ASC`
     return exp.Ordered(this=node, desc=desc, nulls_first=not desc)
@@ -246,12 +265,10 @@ def count(ctx: Context) -> Draft | None:
 
 def aggregate(ctx: Context) -> Draft | None:
     """SELECT MAX/MIN/AVG/SUM(c) [, another] FROM source [WHERE ...]."""
-    src = pick_source(ctx, 0.35)
-    nums = numeric_columns(src)
-    if not nums:
+    focus = _focus(ctx, 0.35, numeric_columns, 0.5)
+    if focus is None:
         return None
-    c = ctx.pick(nums)
-    cond, phrase = where(ctx, src, 0.5, exclude=(c,))
+    src, c, cond, phrase = focus
     fns = ctx.pick([["max"], ["min"], ["avg"], ["sum"], ["max", "min"], ["avg", "max"]], [3, 3, 3, 2, 2, 1])
     query = _with_where(src.select(*[AGG_NODES[f](this=src.col(c)) for f in fns]), cond)
     what = join_words([AGGREGATES[f] for f in fns])
@@ -266,12 +283,10 @@ def group(ctx: Context) -> Draft | None:
     profile = ctx.profile
     if profile.links and ctx.chance(0.4):
         return _group_by_parent(ctx, ctx.pick(profile.links))
-    src = pick_source(ctx, 0.25)
-    groups = group_columns(src)
-    if not groups:
+    focus = _focus(ctx, 0.25, group_columns, 0.2)
+    if focus is None:
         return None
-    g = ctx.pick(groups)
-    cond, phrase = where(ctx, src, 0.2, exclude=(g,))
+    src, g, cond, phrase = focus
     gcol, gsay = src.col(g), src.say(g)
     variant = ctx.pick(["count", "agg", "having", "argmax"], [4, 2, 4, 3])
     nums = [c for c in numeric_columns(src) if c != g]
@@ -300,12 +315,9 @@ def group(ctx: Context) -> Draft | None:
 
 
 def _group_by_parent(ctx: Context, link: Link) -> Draft | None:
-    profile = ctx.profile
-    parent, child = profile.table(link.parent), profile.table(link.child)
-    label = parent.label
-    if label is None:
+    if (found := link_source(ctx.profile, link)) is None:
         return None
-    src = Source([parent, child], [link], child_noun(profile, link))
+    src, parent, child, label = found
     key = src.col(parent.column(parent.primary_key)) if parent.primary_key else src.col(label)
     owner, children = singular(parent.name), src.child_words
     variant = ctx.pick(["count", "argmax", "having", "agg"], [4, 3, 3, 2])
@@ -434,12 +446,9 @@ def set_operation(ctx: Context) -> Draft | None:
 
 def _set_over_link(ctx: Context, link: Link, kind: str) -> Draft | None:
     """Parents with children of two kinds (INTERSECT/UNION), or without children of one kind (EXCEPT)."""
-    profile = ctx.profile
-    parent, child = profile.table(link.parent), profile.table(link.child)
-    label = parent.label
-    if label is None:
+    if (found := link_source(ctx.profile, link)) is None:
         return None
-    src = Source([parent, child], [link], child_noun(profile, link))
+    src, parent, child, label = found
     first = condition(ctx, Source([child]))
     if first is None:
         return None
