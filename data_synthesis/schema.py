@@ -8,6 +8,7 @@ Sample values matter: they are how a model learns that `status` holds 'cancelled
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +28,7 @@ class ForeignKey:
     column: str
     ref_table: str
     ref_column: str
+    composite: bool = False  # one column of a multi-column key: joining on it alone is not the relation
 
 
 @dataclass(frozen=True)
@@ -150,12 +152,14 @@ def _read_schema_cached(path: str, _mtime: int, n_samples: int, db_id: str) -> S
                 columns.append(Column(col, (col_type or "").upper(), bool(pk), samples))
             count = conn.execute(f'SELECT count(*) FROM "{q}"').fetchone()[0]
             tables.append(Table(name, tuple(columns), count))
-            for row in conn.execute(f'PRAGMA foreign_key_list("{q}")').fetchall():
+            rows = conn.execute(f'PRAGMA foreign_key_list("{q}")').fetchall()
+            key_sizes = Counter(row[0] for row in rows)
+            for row in rows:
                 ref_table, from_col, to_col = row[2], row[3], row[4]
                 if to_col is None:  # references the primary key implicitly
                     pk = [r[1] for r in conn.execute(f'PRAGMA table_info("{ref_table}")') if r[5]]
                     to_col = pk[0] if pk else "rowid"
-                fks.append(ForeignKey(name, from_col, ref_table, to_col))
+                fks.append(ForeignKey(name, from_col, ref_table, to_col, key_sizes[row[0]] > 1))
         return Schema(db_id, tuple(tables), tuple(fks))
     finally:
         conn.close()

@@ -1,0 +1,274 @@
+"""`sirius synth pool|estimate|curriculum`: build the example pool, measure its difficulty, write a stage.
+
+    sirius synth pool --db-root dbs --dataset dev.json --synthesize 50 --out pool.jsonl
+    sirius synth estimate --pool pool.jsonl --db-root dbs --model ckpt/ --out rates.jsonl
+    sirius synth curriculum --pool pool.jsonl --rates rates.jsonl --db-root dbs --budget 2048 \\
+        --model ckpt/ --out-dir runs/x/curriculum --stage stage1
+
+Files: the pool is Example JSONL (`data_synthesis.records`); rates are JSONL `{"id", "pass_rate", "correct",
+"k", "format_failures", "statuses", "gold_status"}`; a stage is `<stage>.parquet` (verl layout),
+`<stage>.report.json`, `<stage>.histogram.png`, `<stage>.jsonl` and `<stage>.new_examples.jsonl`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from sirius_train.progress import progress_bar, stderr
+
+# Options shared by `estimate` and `curriculum` (one declaration each; typer reuses them as defaults).
+MODEL = typer.Option(None, "--model", help="local Hugging Face model folder to sample from (HF generate)")
+URL = typer.Option(None, "--url", help="OpenAI-compatible endpoint to sample from, e.g. http://host:8000/v1")
+SERVED = typer.Option(None, "--served-model", help="model name at --url")
+K = typer.Option(8, "--k", min=1, help="answers sampled per example")
+TEMPERATURE = typer.Option(1.0, "--temperature", min=0.0)
+TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0)
+MAX_NEW = typer.Option(512, "--max-new-tokens", min=1)
+SEED = typer.Option(0, "--seed")
+BATCH = typer.Option(8, "--batch-size", min=1, help="examples per sampler call")
+COMPARE = typer.Option("bird", "--compare", help="result equivalence: bird | spider")
+POLICY = typer.Option("", "--policy", help="tag naming the policy in the cache key (e.g. checkpoint + step)")
+WORKERS = typer.Option(0, "--workers", min=0, help="sandboxed scoring processes (0 = in-process)")
+DB_ROOT = typer.Option(..., "--db-root", help="folder with <db_id>/<db_id>.sqlite")
+LLM_URL = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint that writes questions")
+LLM_MODEL = typer.Option(None, "--llm-model", help="model name at --llm-url")
+QUIET = typer.Option(False, "--quiet", help="no progress bars")
+
+
+@contextmanager
+def clean_errors():
+    """Bad input ends the command with one clear line and exit code 2, not a traceback."""
+    from data_synthesis.chat_client import EndpointError
+    from data_synthesis.difficulty import CacheError
+    from data_synthesis.loaders import DatasetError
+    from data_synthesis.records import RecordError
+    from rewards.databases import UnknownDatabase
+    from sirius_train.jsonl import JsonlError
+
+    try:
+        yield
+    except EndpointError as e:
+        stderr.print(f"[red]error:[/] endpoint unreachable or failing: {e}")
+        raise typer.Exit(2) from None
+    except (DatasetError, RecordError, JsonlError, CacheError, UnknownDatabase, FileNotFoundError, ValueError) as e:
+        stderr.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+
+
+def make_sampler(model: Path | None, url: str | None, served_model: str | None, generate_batch: int):
+    """The sampler the options name: `--model` (HF generate) or `--url` + `--served-model` (OpenAI HTTP)."""
+    from data_synthesis.samplers import HFSampler, OpenAISampler
+
+    if (model is None) == (url is None):
+        raise ValueError("name exactly one policy to sample from: --model <local HF folder> or --url <endpoint>")
+    if url is not None:
+        if not served_model:
+            raise ValueError("--url needs --served-model (the model name the endpoint serves)")
+        return OpenAISampler(url, served_model)
+    return HFSampler(model, batch_size=generate_batch)
+
+
+def make_writer(llm_url: str | None, llm_model: str | None):
+    if llm_url is None:
+        return None
+    if not llm_model:
+        raise ValueError("--llm-url needs --llm-model (the model name the endpoint serves)")
+    from data_synthesis.chat_client import ChatClient
+    from data_synthesis.sqlgen.llm_writer import LLMQuestionWriter
+
+    return LLMQuestionWriter(ChatClient(llm_url, llm_model))
+
+
+def build_pool(db_root: Path, datasets: list[Path], tables: Path | None, synthesize_n: int, synth_dbs: list[str],
+               seed: int, writer, skip_missing: bool, show_progress: bool) -> tuple[list, dict]:
+    """Load datasets and synthesize over databases; returns (examples, report parts)."""
+    from data_synthesis.loaders import load_dataset
+    from data_synthesis.records import check_unique_ids
+    from data_synthesis.sqlgen.synthesize import Synthesizer
+    from data_synthesis.validate import missing_databases, require_databases
+    from rewards.databases import list_db_ids, resolve_db_path
+
+    examples, report = [], {"datasets": {}, "synthesized": {}, "skipped_missing_db": {}}
+    for path in datasets:
+        loaded = load_dataset(path, tables=tables)
+        report["datasets"][str(path)] = len(loaded)
+        examples += loaded
+    if skip_missing:
+        missing = missing_databases(examples, db_root)
+        report["skipped_missing_db"] = missing
+        examples = [e for e in examples if e.db_id not in missing]
+    require_databases(examples, db_root)  # before any slow work: a wrong --db-root fails at once
+    if synthesize_n:
+        db_ids = synth_dbs or list_db_ids(db_root)
+        with progress_bar("synthesizing", len(db_ids), show_progress) as advance:
+            for db_id in db_ids:
+                synth = Synthesizer(resolve_db_path(db_root, db_id), db_id=db_id, writer=writer)
+                made = synth.run(synthesize_n, seed)
+                report["synthesized"][db_id] = {"made": len(made), "attempts": synth.stats.attempts,
+                                                "rejected": dict(synth.stats.rejected)}
+                examples += made
+                advance()
+    check_unique_ids(examples, "pool")
+    return examples, report
+
+
+def write_rates(path: Path, estimates) -> None:
+    from sirius_train.jsonl import write_jsonl
+
+    write_jsonl(path, ({k: v for k, v in e.to_json().items() if k != "key"} for e in estimates))
+
+
+def read_rates(path: Path) -> dict[str, float]:
+    from sirius_train.jsonl import read_jsonl
+
+    rows = read_jsonl(path, required=("id", "pass_rate"))
+    return {str(r["id"]): float(r["pass_rate"]) for r in rows if r.get("gold_status", "ok") in ("ok", "empty")}
+
+
+def print_counts(title: str, counts: dict) -> None:
+    from rich.table import Table
+
+    stderr.print(title)
+    table = Table()
+    table.add_column("")
+    table.add_column("count", justify="right")
+    for key, value in counts.items():
+        table.add_row(str(key), str(value))
+    stderr.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    synth = typer.Typer(help="Build example pools, estimate difficulty, write difficulty-smoothed curricula.",
+                        no_args_is_help=True)
+    app.add_typer(synth, name="synth")
+
+    @synth.command()
+    def pool(
+        db_root: Path = DB_ROOT,
+        out: Path = typer.Option(..., "--out", help="pool JSONL to write (a .report.json is written beside it)"),
+        dataset: list[Path] = typer.Option([], "--dataset", help="Spider/BIRD .json or pool .jsonl (repeatable)"),
+        tables: Path = typer.Option(None, "--tables", help="tables.json to check the datasets' db_ids against"),
+        synthesize: int = typer.Option(0, "--synthesize", min=0, help="examples to synthesize per database"),
+        synth_db: list[str] = typer.Option([], "--synth-db", help="synthesize over these db_ids (default: all)"),
+        seed: int = SEED,
+        llm_url: str = LLM_URL,
+        llm_model: str = LLM_MODEL,
+        timeout: float = typer.Option(5.0, "--timeout", help="seconds per gold query"),
+        drop_empty: bool = typer.Option(False, "--drop-empty", help="also drop examples whose gold returns no rows"),
+        skip_missing_dbs: bool = typer.Option(False, "--skip-missing-dbs",
+                                              help="drop examples whose database is absent instead of failing"),
+        workers: int = WORKERS,
+        quiet: bool = QUIET,
+    ):
+        """Build and validate a pool: datasets plus examples synthesized over a directory of databases."""
+        from data_synthesis.export import write_report
+        from data_synthesis.records import write_examples
+        from data_synthesis.validate import validate_examples
+
+        if not dataset and not synthesize:
+            stderr.print("[red]error:[/] nothing to pool: pass --dataset FILE and/or --synthesize N")
+            raise typer.Exit(2)
+        with clean_errors():
+            if not db_root.is_dir():
+                raise FileNotFoundError(f"--db-root {db_root} is not a directory")
+            writer = make_writer(llm_url, llm_model)
+            examples, report = build_pool(db_root, dataset, tables, synthesize, synth_db, seed, writer,
+                                          skip_missing_dbs, not quiet)
+            with progress_bar("validating gold SQL", len(examples), not quiet) as advance:
+                kept, dropped = validate_examples(examples, db_root, timeout_s=timeout, drop_empty=drop_empty,
+                                                  workers=workers, progress=advance)
+        write_examples(out, kept)
+        reasons = Counter(reason.split(":")[0] for _, reason in dropped)
+        report.update({"loaded": len(examples), "kept": len(kept), "dropped": dict(reasons),
+                       "dropped_examples": [{"id": e.id, "db_id": e.db_id, "reason": r} for e, r in dropped]})
+        write_report(report, out.with_suffix(".report.json"))
+        print_counts(f"pool: {len(kept)} kept of {len(examples)} -> {out}",
+                     {"kept": len(kept), **{f"dropped: {k}": v for k, v in reasons.items()}})
+
+    @synth.command()
+    def estimate(
+        pool: Path = typer.Option(..., "--pool", help="pool JSONL"),
+        db_root: Path = DB_ROOT,
+        out: Path = typer.Option(..., "--out", help="rates JSONL to write"),
+        model: Path = MODEL, url: str = URL, served_model: str = SERVED, k: int = K,
+        temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
+        batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
+        cache: Path = typer.Option(None, "--cache", help="resume cache (default: <out>.cache.jsonl)"),
+        quiet: bool = QUIET,
+    ):
+        """Pass rate of every pool example under a policy (k samples, execution reward); resumable."""
+        from data_synthesis.difficulty import estimate as run_estimate
+        from data_synthesis.export import histogram_counts
+        from data_synthesis.records import read_examples
+
+        with clean_errors():
+            examples = read_examples(pool)
+            sampler = make_sampler(model, url, served_model, batch_size * k)
+            cache = cache or out.with_name(out.name + ".cache.jsonl")
+            stderr.print(f"estimating {len(examples)} examples x k={k} (cache: {cache})")
+            with progress_bar("estimating", len(examples), not quiet) as advance:
+                estimates = run_estimate(examples, sampler, db_root, k, cache_path=cache, temperature=temperature,
+                                         top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
+                                         batch_size=batch_size, compare=compare, workers=workers, policy=policy,
+                                         progress=advance)
+        write_rates(out, estimates)
+        counts = histogram_counts([e.pass_rate for e in estimates], 4)
+        labels = ["p = 0", "(0, .25)", "[.25, .5)", "[.5, .75)", "[.75, 1)", "p = 1"]
+        print_counts(f"pass rates of {len(estimates)} examples -> {out}", dict(zip(labels, counts)))
+
+    @synth.command()
+    def curriculum(
+        pool: Path = typer.Option(..., "--pool", help="pool JSONL"),
+        rates: Path = typer.Option(..., "--rates", help="rates JSONL from `sirius synth estimate`"),
+        db_root: Path = DB_ROOT,
+        budget: int = typer.Option(..., "--budget", min=1, help="training examples in the stage (repeats count)"),
+        out_dir: Path = typer.Option(..., "--out-dir", help="where the stage files go"),
+        stage: str = typer.Option("stage1", "--stage", help="stage name: the output files' stem"),
+        bins: int = typer.Option(4, "--bins", min=1), max_repeats: int = typer.Option(3, "--max-repeats", min=1),
+        keep_zero_share: float = typer.Option(0.0, "--keep-zero-share", help="budget share for p = 0 examples"),
+        fill: bool = typer.Option(None, "--fill/--no-fill", help="fill short bins by mutation (default: on when "
+                                                                 "a sampler is given)"),
+        fill_rounds: int = typer.Option(2, "--fill-rounds", min=1),
+        model: Path = MODEL, url: str = URL, served_model: str = SERVED, k: int = K,
+        temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
+        batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
+        llm_url: str = LLM_URL, llm_model: str = LLM_MODEL,
+        quiet: bool = QUIET,
+    ):
+        """Smooth the pool's difficulty histogram into one stage (verl parquet, report, histogram)."""
+        from data_synthesis.curriculum import MutationFiller, build_curriculum
+        from data_synthesis.export import write_stage
+        from data_synthesis.records import read_examples
+        from data_synthesis.smoothing import SmoothingConfig
+
+        with clean_errors():
+            config = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
+            examples = read_examples(pool)
+            pass_rates = read_rates(rates)
+            has_sampler = model is not None or url is not None
+            fill = has_sampler if fill is None else fill
+            filler = None
+            if fill:
+                if not has_sampler:
+                    raise ValueError("gap filling estimates the new examples: pass --model or --url (or --no-fill)")
+                cache = out_dir / f"{stage}.fill_cache.jsonl"
+                filler = MutationFiller(db_root, make_sampler(model, url, served_model, batch_size * k), k, seed=seed,
+                                        writer=make_writer(llm_url, llm_model), cache_path=cache,
+                                        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                        batch_size=batch_size, compare=compare, workers=workers, policy=policy)
+            stderr.print(f"stage {stage}: budget {budget}, {bins} bins, max {max_repeats} repeats, "
+                         f"p = 0 share {keep_zero_share}, gap filling {'on' if filler else 'off'}")
+            result = build_curriculum(examples, pass_rates, budget, config=config, seed=seed, filler=filler,
+                                      max_fill_rounds=fill_rounds)
+            paths = write_stage(result, out_dir, stage, db_root, config=config, compare=compare)
+        report = result.report
+        print_counts(f"stage {stage}: {report['selected']} of budget {budget} "
+                     f"({report['unique_selected']} distinct) -> {paths['parquet']}",
+                     {**{f"bin [{b['lo']:.2f}, {b['hi']:.2f})": f"{b['selected']}/{b['target']}"
+                         f" ({b['unique']} distinct)" for b in report["bins"]},
+                      **{f"dropped: {k}": v for k, v in report["dropped"].items()},
+                      "new examples (mutations)": report["new_examples"]})
