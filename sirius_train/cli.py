@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sirius_train.commands import demo, evaluate, score, select
+from sirius_train.commands import demo, evaluate, infer, score, select
 
 app = typer.Typer(
     name="sirius",
@@ -14,7 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (score, demo, select, evaluate):
+for module in (score, demo, select, infer, evaluate):
     module.register(app)
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from sirius_train.inference.sql import SqlParseError, parse_sql
+from sirius_train.inference.sql import QUERY_TYPES, SqlParseError, parse_sql
 
 BUCKETS = ("easy", "medium", "hard", "extra")
 
@@ -35,7 +35,7 @@ class HardnessCounts:
 
 
 def spider_hardness(sql: str) -> str:
-    """Spider's bucket for `sql`; "extra" for SQL that does not parse (it cannot be counted).
+    """Spider's bucket for `sql`; "extra" for SQL that is not a parsable query (it cannot be counted).
 
     Example:
         >>> spider_hardness("SELECT count(*) FROM singer")
@@ -73,6 +73,8 @@ def hardness_counts(sql: str) -> HardnessCounts:
         HardnessCounts(component1=5, component2=0, others=2)
     """
     tree = parse_sql(sql)
+    if not isinstance(tree, QUERY_TYPES):
+        raise SqlParseError(f"not a query: {type(tree).__name__}")
     nested = 0
     while isinstance(tree, exp.Subquery):
         tree = tree.this

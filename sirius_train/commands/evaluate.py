@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
             mode = ("spider" if layout == "spider" else "bird") if compare == "auto" else parse_mode(compare).value
             items = load_items(pred, gold, layout, difficulty_file)
         except (EvaluationInputError, ValueError) as e:
-            stderr.print(f"[red]error:[/] {e}")
+            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
         stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
         with progress_bar("scoring", len(items), not quiet) as advance:

@@ -69,9 +69,9 @@ def select_file(db_root: Path, input_path: Path, output_path: Path, *, config, m
                      f"partial_weight={config.partial_weight}, judge={'on' if client else 'off'}, "
                      f"repair={'on' if repair else 'off'}")
         lifecycle = Lifecycle(executor, Corrector(client) if (client and repair) else None, config=lifecycle_config)
-        with progress_bar("filter + execute" + (" + repair" if repair else ""), 1, show_progress) as advance:
+        with stderr.status("filter, execute" + (", repair" if repair else "")):
             lifecycle.run(tasks)
-            advance()
+        stderr.print(f"lifecycle: {lifecycle.summary()}")
         with progress_bar("selecting", len(tasks), show_progress) as advance:
             answers = answer(tasks, config, method, PairwiseJudge(client) if client else None, advance)
     write_jsonl(output_path, (a.pick() for a in answers))
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
                                   llm_model=llm_model, repair=repair, trace_path=trace, workers=workers,
                                   timeout=timeout, show_progress=not quiet)
         except (JsonlError, PoolError, UnknownDatabase, ValueError) as e:
-            stderr.print(f"[red]error:[/] {e}")
+            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
             raise typer.Exit(2) from None
         decided = Counter(a.selection.decided_by for a in answers)
         stderr.print(f"wrote {len(answers)} picks to {output}; decided by: "

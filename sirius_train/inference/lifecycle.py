@@ -25,6 +25,7 @@ the whole batch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,7 +47,7 @@ MAX_FEEDBACK_LINES = 6
 @dataclass(frozen=True)
 class LifecycleConfig:
     value_cap: int = 20_000  # distinct values read per column for literal grounding (more -> unknown)
-    rebind_rows: bool = True  # also re-bind ungrounded literals in queries that returned rows
+    rebind_rows: bool = True  # also re-bind ungrounded literals in queries that returned rows (count(*) = 0, != ...)
     structural_repair: bool = True  # run the model-free operators on empty results
     recovery_samples: int = 2  # candidates asked for when a question's pool collapses
 
@@ -105,6 +106,16 @@ class Lifecycle:
                  config: LifecycleConfig = LifecycleConfig()):
         self.executor, self.corrector, self.recover, self.config = executor, corrector, recover, config
         self.values = ColumnValues(executor, config.value_cap)
+        self.stats: Counter = Counter()  # what each step did, for the summary line and benchmarks
+
+    def summary(self) -> str:
+        """One line per step: e.g. `filtered 12 (unknown_column 9, ...); executed 96 (ok 80, empty 9, ...)`."""
+        groups: dict[str, Counter] = {}
+        for key, n in self.stats.items():
+            step, _, what = key.partition(":")
+            groups.setdefault(step, Counter())[what] += n
+        return "; ".join(f"{step} {sum(c.values())} (" + ", ".join(f"{k} {v}" for k, v in c.most_common()) + ")"
+                         for step, c in groups.items())
 
     def run(self, tasks: list[Task]) -> None:
         self._admit_and_execute(tasks, [(t, c) for t in tasks for c in t.candidates])
@@ -119,6 +130,7 @@ class Lifecycle:
 
     def _filter(self, task: Task, candidate: Candidate) -> bool:
         if candidate.sql is None:
+            self.stats["filtered:no_sql"] += 1
             candidate.dropped = NO_SQL
             candidate.record("filter", admitted=False, kind="no_sql", reason=NO_SQL)
             return False
@@ -126,12 +138,14 @@ class Lifecycle:
         candidate.record("filter", admitted=verdict.admitted, **({"kind": verdict.kind, "reason": verdict.reason}
                                                                 if not verdict.admitted else {}))
         if not verdict.admitted:
+            self.stats[f"filtered:{verdict.kind}"] += 1
             candidate.dropped = f"filtered: {verdict.reason}"
         return verdict.admitted
 
     def _execute(self, pairs: list[tuple[Task, Candidate]], step: str) -> None:
         outcomes = self.executor.execute_many([(t.question.db_id, c.sql) for t, c in pairs])
         for (_task, candidate), outcome in zip(pairs, outcomes):
+            self.stats[f"executed:{outcome.status.value}"] += 1
             candidate.outcome = outcome
             candidate.record(step, sql=candidate.sql, **_outcome_summary(outcome))
 
@@ -158,6 +172,7 @@ class Lifecycle:
         outcomes = self.executor.execute_many([(t.question.db_id, r.sql) for t, _, r in trials])
         for (_task, candidate, rewrite), outcome in zip(trials, outcomes):
             kept = outcome.status is Status.OK
+            self.stats[f"repaired:{rewrite.operator} on rows {'readmitted' if kept else 'failed'}"] += 1
             candidate.record("repair", kind="ungrounded_literal", operator=rewrite.operator, edits=list(rewrite.edits),
                              sql=rewrite.sql, readmitted=kept, **_outcome_summary(outcome))
             if kept:
@@ -176,6 +191,7 @@ class Lifecycle:
             fixed = set()
             for (task, candidate, rewrite), outcome in zip(trials, outcomes):
                 kept = outcome.status is Status.OK
+                self.stats[f"repaired:{rewrite.operator} on empty {'readmitted' if kept else 'failed'}"] += 1
                 candidate.record("repair", kind="empty", operator=rewrite.operator, edits=list(rewrite.edits),
                                  sql=rewrite.sql, readmitted=kept, **_outcome_summary(outcome))
                 if kept:
@@ -200,6 +216,7 @@ class Lifecycle:
         for (_task, candidate, sql), outcome in zip(trials, outcomes):
             wanted = Status.OK if candidate.outcome.status is Status.EMPTY else None
             kept = outcome.status is wanted if wanted else outcome.executed
+            self.stats[f"repaired:llm on {candidate.outcome.status.value} {'readmitted' if kept else 'failed'}"] += 1
             candidate.record("reexecute", sql=sql, readmitted=kept, **_outcome_summary(outcome))
             if kept:
                 candidate.sql, candidate.outcome = sql, outcome
@@ -210,6 +227,7 @@ class Lifecycle:
             if candidate.dropped is None and not candidate.outcome.executed:
                 outcome = candidate.outcome
                 candidate.dropped = f"{outcome.status.value}: {outcome.error or 'unrepaired'}"
+                self.stats[f"dropped:{outcome.status.value}"] += 1
                 candidate.record("drop", reason=candidate.dropped)
 
     def _ask_corrector(self, task: Task, candidate: Candidate) -> str | None:
@@ -252,6 +270,8 @@ class Lifecycle:
                 for c in task.candidates:
                     c.record("recovery", error=str(e))
                 continue
+            self.stats["recovery:questions"] += 1
+            self.stats["recovery:candidates"] += len(new)
             for candidate in new:
                 candidate.record("recovery", feedback=feedback)
                 task.candidates.append(candidate)

@@ -94,10 +94,14 @@ def unknown_tables(tree: exp.Expression, schema: Schema) -> list[str]:
 
 
 def _output_aliases(scope: Scope) -> set[str]:
-    select = scope.expression
-    if not isinstance(select, exp.Select):
+    """Names a bare column may refer to as an output: SELECT-list aliases; for UNION / INTERSECT /
+    EXCEPT (whose ORDER BY names result columns), every branch's output names."""
+    node = scope.expression
+    if isinstance(node, exp.SetOperation):
+        return {name.lower() for select in node.find_all(exp.Select) for name in select.named_selects}
+    if not isinstance(node, exp.Select):
         return set()
-    return {e.alias.lower() for e in select.expressions if isinstance(e, exp.Alias) and e.alias}
+    return {e.alias.lower() for e in node.expressions if isinstance(e, exp.Alias) and e.alias}
 
 
 def _resolve(column: exp.Column, scope: Scope, aliases: set[str], schema: Schema) -> ColumnRef:
@@ -177,7 +181,12 @@ def _bare_matches(lowered: str, scope: Scope, schema: Schema) -> tuple[tuple[str
 def _derived_outputs(source) -> set[str] | None:
     """Lower-cased output names of a derived source; None when unknown (e.g. `SELECT *`)."""
     expression = source.expression if isinstance(source, Scope) else source
-    declared = expression.parent.args.get("alias") if isinstance(expression.parent, (exp.CTE, exp.Subquery)) else None
+    if expression is None:
+        return None
+    owner = expression.parent
+    while isinstance(owner, exp.SetOperation):  # a recursive CTE's anchor member stands for the whole CTE
+        owner = owner.parent
+    declared = owner.args.get("alias") if isinstance(owner, (exp.CTE, exp.Subquery)) else None
     if isinstance(declared, exp.TableAlias) and declared.columns:  # WITH c(x, y) AS ... / (...) AS d(x, y)
         return {c.name.lower() for c in declared.columns}
     while isinstance(expression, exp.SetOperation):

@@ -60,7 +60,7 @@ class SelectorConfig:
     """Constants of the hybrid selector; the defaults are argued for in docs/INFERENCE.md."""
 
     compare: str = "bird"  # result equivalence used to form classes ("bird" | "spider")
-    partial_weight: float = 0.25  # weight of partial (overlapping-rows) agreement in S_maj
+    partial_weight: float = 0.0  # weight of partial (overlapping-rows) agreement in S_maj; 0 per the LODO CV
     margin: float = 0.1  # gate: classes within this much of the best are near-tied
     rerank: str = "auto"  # structural reranker: auto (only when some source gave >= 2 candidates) | always | never
     judge_weight: float = 0.25  # S_coarse = S_maj + judge_weight * S_rm
