@@ -62,6 +62,25 @@ class Judge:
         return self.cache[(qid, sql, mode)]
 
 
+def train_gold_check(spider: Path, executor: Executor) -> str:
+    """The filter on Spider's train gold SQL (valid by construction): how many that run would it refuse?"""
+    from data_synthesis.schema import read_schema
+    from rewards.databases import resolve_db_path
+    from sirius_train.inference.prefilter import prefilter
+
+    pairs = []
+    for line in (spider / "train_gold.sql").read_text().splitlines():
+        sql, sep, db_id = line.rpartition("\t")
+        if sep and (spider / "databases" / db_id / f"{db_id}.sqlite").is_file():
+            pairs.append((db_id, sql))
+    pairs = sorted(set(pairs))
+    schemas = {db: read_schema(resolve_db_path(spider / "databases", db), n_samples=0) for db in {d for d, _ in pairs}}
+    ran = [(db, sql) for (db, sql), o in zip(pairs, executor.execute_many(pairs)) if o.executed]
+    refused = [(db, sql) for db, sql in ran if not prefilter(sql, schemas[db]).admitted]
+    return (f"On Spider's train gold ({len(pairs)} distinct queries on {len(schemas)} databases, {len(ran)} of which "
+            f"run): {len(refused)} refused by the filter.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spider", type=Path, default=ROOT.parent / "shared" / "data" / "spider")
@@ -249,6 +268,7 @@ def main() -> None:
                               if (cand.dropped or "").startswith("filtered")
                               and outcomes[p["db_id"], entry["sql"]].executed)
         say(f"Candidates refused by the filter that SQLite would have run: {refused_but_ran}.")
+        say(train_gold_check(args.spider, executor))
     text = "\n".join(out) + "\n"
     print(text)
     if args.out:

@@ -18,6 +18,9 @@ from rewards.extract import extract_sql
 from rewards.outcome import Outcome
 
 
+RAW_CHARS = 2000  # of a model's answer kept in traces (enough to see why no SQL was found)
+
+
 @dataclass(frozen=True)
 class Example:
     """A worked example for a few-shot prompt."""
@@ -79,6 +82,8 @@ class Candidate:
                "dropped": self.dropped, "events": self.events}
         if self.outcome is not None:
             out["row_count"] = len(self.outcome.rows)
+        if self.raw is not None:
+            out["raw"] = self.raw[:RAW_CHARS]
         return out
 
 

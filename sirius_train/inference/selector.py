@@ -86,7 +86,7 @@ class ResultClass:
     members: list[int]  # indices into the ballots, input order
     rows: tuple
     s_maj: float = 0.0
-    s_rm: float = 0.0
+    s_rm: float = 0.0  # already weighted: judge_weight * fraction of pairwise comparisons won
     support: int = 0  # distinct provenance groups behind the class's best-supported signature
     signature: Signature | None = None
 
