@@ -16,18 +16,10 @@ PARIS = "SELECT count(*) FROM customers WHERE city = 'Paris'"
 
 
 def tiny_specialist(path):
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    """The tiny random Llama of the sampler tests, saved as a model folder the CLI loads."""
+    from test_samplers import _tiny_model
 
-    vocab = {c: i for i, c in enumerate(["<pad>", "<eos>"] + [chr(i) for i in range(32, 127)] + ["\n"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                                         max_position_embeddings=8192, pad_token_id=0, eos_token_id=1, bos_token_id=1))
+    model, tokenizer = _tiny_model()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

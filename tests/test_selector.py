@@ -163,3 +163,25 @@ def test_select_rejects_bad_pools_clearly(tmp_path, spider_root):
     assert result.returncode == 2
     assert "candidate 0 must be an object with 'source' and 'sql'" in result.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_select_file_keeps_every_question_even_without_a_usable_candidate(tmp_path, demo_db_root):
+    from sirius_train.commands.select import select_file
+
+    rows = [{"id": "none", "db_id": "retail", "question": "q", "candidates": []},
+            {"id": "broken", "db_id": "retail", "question": "q",
+             "candidates": [{"source": "a", "sql": None}, {"source": "b", "sql": "SELECT nme FROM customers"}]},
+            {"id": "fine", "db_id": "retail", "question": "q",
+             "candidates": [{"source": "a", "sql": "SELECT count(*) FROM customers"}]}]
+    pools = tmp_path / "pools.jsonl"
+    pools.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = select_file(demo_db_root, pools, tmp_path / "picks.jsonl", config=SelectorConfig(), workers=0,
+                          trace_path=tmp_path / "trace.jsonl", show_progress=False)
+    picks = [json.loads(line) for line in (tmp_path / "picks.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in picks] == ["none", "broken", "fine"]
+    assert picks[0] == {"id": "none", "sql": None, "source": None, "score": 0.0}
+    assert picks[1] == {"id": "broken", "sql": "SELECT nme FROM customers", "source": "b", "score": 0.0}
+    assert answers[1].selection.decided_by == "no_executable"
+    assert picks[2] == {"id": "fine", "sql": "SELECT count(*) FROM customers", "source": "a", "score": 1.0}
+    trace = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert trace[1]["candidates"][1]["dropped"] == "filtered: unknown column: nme (not in customers)"

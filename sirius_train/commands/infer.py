@@ -18,6 +18,7 @@ from rewards.compare import CompareMode
 from sirius_train.progress import progress_bar, stderr
 
 QUESTION_FIELDS = ("db_id", "question")
+GENERATION_CHUNK = 16  # questions per sampler call: big enough to batch, small enough for a live progress bar
 
 
 def read_questions(path: Path | None, db_id: str | None, question: str | None) -> list[dict]:
@@ -71,12 +72,13 @@ def infer_questions(db_root: Path, questions: list[dict], generators, *, config,
     from sirius_train.inference.pipeline import answer, make_task
 
     tasks = [make_task(db_root, q["id"], q["db_id"], q["question"], [], q.get("evidence")) for q in questions]
-    with progress_bar("generating", len(generators), show_progress) as advance:
+    with progress_bar("generating", len(generators) * len(tasks), show_progress) as advance:
         for generator in generators:
-            pools = generate([generator], [t.question for t in tasks], seed)
-            for task, pool in zip(tasks, pools):
-                task.candidates.extend(pool)
-            advance()
+            for start in range(0, len(tasks), GENERATION_CHUNK):
+                chunk = tasks[start:start + GENERATION_CHUNK]
+                for task, pool in zip(chunk, generate([generator], [t.question for t in chunk], seed + start)):
+                    task.candidates.extend(pool)
+                advance(len(chunk))
     client = ChatClient(llm_url, llm_model or "default") if llm_url else None
 
     def recover(question, feedback: str, n: int):

@@ -162,43 +162,37 @@ class Lifecycle:
         self._settle(failed)
 
     def _rebind_rows(self, pairs: list[tuple[Task, Candidate]]) -> None:
-        """Rows, but a literal that never occurs in its column: re-bind it and keep the result if it still runs."""
-        trials = []
-        for task, candidate in pairs:
-            values = self.values.lookup(task.question.db_id)
-            rewrite = rebind_literals(candidate.sql, task.schema, values)
-            if rewrite is not None:
-                trials.append((task, candidate, rewrite))
-        outcomes = self.executor.execute_many([(t.question.db_id, r.sql) for t, _, r in trials])
-        for (_task, candidate, rewrite), outcome in zip(trials, outcomes):
-            kept = outcome.status is Status.OK
-            self.stats[f"repaired:{rewrite.operator} on rows {'readmitted' if kept else 'failed'}"] += 1
-            candidate.record("repair", kind="ungrounded_literal", operator=rewrite.operator, edits=list(rewrite.edits),
-                             sql=rewrite.sql, readmitted=kept, **_outcome_summary(outcome))
-            if kept:
-                candidate.sql, candidate.outcome = rewrite.sql, outcome
+        """Rows, but a literal that never occurs in its column: re-bind it and keep the result if it still has rows."""
+        self._apply(rebind_literals, pairs, "ungrounded_literal")
 
     def _structural(self, pairs: list[tuple[Task, Candidate]]) -> list[tuple[Task, Candidate]]:
         """Operators in order on every still-empty candidate; returns those no operator could fix."""
         remaining = list(pairs)
         for operator in OPERATORS:
-            trials = []
-            for task, candidate in remaining:
-                rewrite = operator(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
-                if rewrite is not None:
-                    trials.append((task, candidate, rewrite))
-            outcomes = self.executor.execute_many([(t.question.db_id, r.sql) for t, _, r in trials])
-            fixed = set()
-            for (task, candidate, rewrite), outcome in zip(trials, outcomes):
-                kept = outcome.status is Status.OK
-                self.stats[f"repaired:{rewrite.operator} on empty {'readmitted' if kept else 'failed'}"] += 1
-                candidate.record("repair", kind="empty", operator=rewrite.operator, edits=list(rewrite.edits),
-                                 sql=rewrite.sql, readmitted=kept, **_outcome_summary(outcome))
-                if kept:
-                    candidate.sql, candidate.outcome = rewrite.sql, outcome
-                    fixed.add(id(candidate))
+            fixed = self._apply(operator, remaining, "empty")
             remaining = [(t, c) for t, c in remaining if id(c) not in fixed]
         return remaining
+
+    def _apply(self, operator, pairs: list[tuple[Task, Candidate]], kind: str) -> set[int]:
+        """Run one operator's rewrites as a batch; a rewrite that returns rows replaces its candidate.
+        Returns the ids of the candidates it replaced."""
+        trials = []
+        for task, candidate in pairs:
+            rewrite = operator(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+            if rewrite is not None:
+                trials.append((task, candidate, rewrite))
+        outcomes = self.executor.execute_many([(t.question.db_id, r.sql) for t, _, r in trials])
+        fixed = set()
+        for (_task, candidate, rewrite), outcome in zip(trials, outcomes):
+            kept = outcome.status is Status.OK
+            self.stats[f"repaired:{rewrite.operator} on {'rows' if kind == 'ungrounded_literal' else kind} "
+                       f"{'readmitted' if kept else 'failed'}"] += 1
+            candidate.record("repair", kind=kind, operator=rewrite.operator, edits=list(rewrite.edits),
+                             sql=rewrite.sql, readmitted=kept, **_outcome_summary(outcome))
+            if kept:
+                candidate.sql, candidate.outcome = rewrite.sql, outcome
+                fixed.add(id(candidate))
+        return fixed
 
     def _llm_repair(self, pairs: list[tuple[Task, Candidate]]) -> None:
         """Typed LLM repair; a repair is re-admitted if it runs (and, for an empty result, returns rows)."""

@@ -160,7 +160,7 @@ def majority_vote(ballots: Sequence[Ballot], compare: str = "bird") -> Selection
     """
     executed = [i for i, b in enumerate(ballots) if b.executed]
     if not executed:
-        return Selection(0 if ballots else None, 0.0, "no_executable")
+        return _unverified(ballots)
     classes = result_classes(ballots, executed, compare)
     n = len(ballots)
     for cls in classes:
@@ -254,11 +254,9 @@ def select(ballots: Sequence[Ballot], config: SelectorConfig = SelectorConfig(),
         >>> s.index, s.decided_by
         (1, 'structure')
     """
-    if not ballots:
-        return Selection(None, 0.0, "no_executable")
     voters = admitted(ballots)
     if not voters:
-        return Selection(0, 0.0, "no_executable")
+        return _unverified(ballots)
     n = len(ballots)
     classes = result_classes(ballots, voters, config.compare)
     for cls, s in zip(classes, consensus_scores(classes, n, config.partial_weight)):
@@ -295,7 +293,7 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
         'consensus: 2 of 3 candidates (gen, spec) return this result; S_coarse 0.67 leads the next class by 0.33 (gate 0.1)'
     """
     if selection.index is None or not selection.classes:
-        return "no candidate executed; returning the first candidate unverified" if selection.index is not None \
+        return "no candidate executed; returning the first one with SQL, unverified" if selection.index is not None \
             else "empty pool"
     winner = selection.classes[0]
     sources = ", ".join(sorted({ballots[i].source for i in winner.members}))
@@ -310,6 +308,12 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
     if selection.margin is None or selection.margin == float("inf"):
         return f"{selection.decided_by}: {head}; no other result"
     return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f} (gate {config.margin:g})"
+
+
+def _unverified(ballots: Sequence[Ballot]) -> Selection:
+    """Nothing executed: the first candidate that has SQL at all (a guess beats no answer), score 0."""
+    index = next((i for i, b in enumerate(ballots) if b.sql), 0 if ballots else None)
+    return Selection(index, 0.0, "no_executable")
 
 
 def _reranks(ballots: Sequence[Ballot], mode: str) -> bool:
