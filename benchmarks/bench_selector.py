@@ -19,7 +19,6 @@ same equivalence as the evaluation.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time

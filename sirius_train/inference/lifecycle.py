@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from data_synthesis.chat_client import EndpointError
@@ -50,6 +51,7 @@ class LifecycleConfig:
     rebind_rows: bool = True  # also re-bind ungrounded literals in queries that returned rows (count(*) = 0, != ...)
     structural_repair: bool = True  # run the model-free operators on empty results
     recovery_samples: int = 2  # candidates asked for when a question's pool collapses
+    llm_concurrency: int = 8  # corrector requests in flight at once
 
 
 @dataclass
@@ -118,13 +120,13 @@ class Lifecycle:
                          for step, c in groups.items())
 
     def run(self, tasks: list[Task]) -> None:
-        self._admit_and_execute(tasks, [(t, c) for t in tasks for c in t.candidates])
+        self._admit_and_execute([(t, c) for t in tasks for c in t.candidates])
         self._repair(tasks)
         if self.recover is not None:
             self._recovery(tasks)
 
     # ------------------------------------------------------------------ steps
-    def _admit_and_execute(self, tasks: list[Task], pairs: list[tuple[Task, Candidate]]) -> None:
+    def _admit_and_execute(self, pairs: list[tuple[Task, Candidate]]) -> None:
         runnable = [(t, c) for t, c in pairs if self._filter(t, c)]
         self._execute(runnable, "execute")
 
@@ -197,8 +199,9 @@ class Lifecycle:
     def _llm_repair(self, pairs: list[tuple[Task, Candidate]]) -> None:
         """Typed LLM repair; a repair is re-admitted if it runs (and, for an empty result, returns rows)."""
         trials = []
-        for task, candidate in pairs:
-            sql = self._ask_corrector(task, candidate)
+        with ThreadPoolExecutor(self.config.llm_concurrency) as pool:  # HTTP-bound: ask in parallel
+            answers = list(pool.map(lambda pair: self._ask_corrector(*pair), pairs))
+        for (task, candidate), sql in zip(pairs, answers):
             if sql is None:
                 continue
             verdict = prefilter(sql, task.schema)
@@ -270,7 +273,7 @@ class Lifecycle:
                 candidate.record("recovery", feedback=feedback)
                 task.candidates.append(candidate)
                 fresh.append((task, candidate))
-        self._admit_and_execute(collapsed, fresh)
+        self._admit_and_execute(fresh)
         live = [(t, c) for t, c in fresh if c.dropped is None and c.outcome is not None]
         if self.config.structural_repair:
             self._structural([(t, c) for t, c in live if c.outcome.status is Status.EMPTY])

@@ -7,6 +7,7 @@ through `answer`, so a pick means the same thing whichever command produced it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sirius_train.inference.selector import (Ballot, Selection, SelectorConfig, 
                                              select)
 
 METHODS = ("hybrid", "majority")
+JUDGE_CONCURRENCY = 8  # questions judged at once
 
 
 def make_task(db_root: Path, id, db_id: str, question: str, candidates: list[Candidate],
@@ -69,14 +71,18 @@ def answer(tasks: list[Task], config: SelectorConfig = SelectorConfig(), method:
     """Select one candidate per task (tasks must have been through the lifecycle)."""
     if method not in METHODS:
         raise ValueError(f"unknown selection method {method!r}; use one of {METHODS}")
-    answers = []
-    for task in tasks:
+
+    def one(task: Task) -> Answer:
         ballots = task.ballots()
         if method == "majority":
             selection = majority_vote(ballots, config.compare)
         else:
             selection = select(ballots, config, judge.for_question(task.question) if judge else None)
-        answers.append(Answer(task, ballots, selection, explain(selection, ballots, config)))
         if on_answer is not None:
             on_answer()
-    return answers
+        return Answer(task, ballots, selection, explain(selection, ballots, config))
+
+    if judge is None:
+        return [one(task) for task in tasks]
+    with ThreadPoolExecutor(JUDGE_CONCURRENCY) as pool:  # the judge is HTTP-bound: questions in parallel
+        return list(pool.map(one, tasks))
