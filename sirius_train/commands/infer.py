@@ -1,0 +1,157 @@
+"""`sirius infer`: question(s) + database -> complementary candidates -> lifecycle -> hybrid selection.
+
+The specialist is a local Hugging Face model folder or any OpenAI-compatible server (vLLM); the
+generalist is any OpenAI-compatible chat model, prompted with worked examples. The LLM behind
+`--llm-url` (by default the generalist) repairs failed candidates and judges near-equal answers.
+Output lines: `{"id", "sql", "source", "score", "db_id", "question", "decided_by", "why", "status",
+"row_count", "preview"}`; the trace file holds every candidate's lifecycle and the selector's scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from rewards.compare import CompareMode
+from sirius_train.progress import progress_bar, stderr
+
+QUESTION_FIELDS = ("db_id", "question")
+GENERATION_CHUNK = 16  # questions per sampler call: big enough to batch, small enough for a live progress bar
+
+
+def read_questions(path: Path | None, db_id: str | None, question: str | None) -> list[dict]:
+    """Questions from `--input` (JSONL with db_id, question, optional id / evidence) or one from the flags."""
+    from sirius_train.jsonl import read_jsonl
+
+    if (path is None) == (question is None):
+        raise ValueError("give either --input QUESTIONS.jsonl or --question TEXT (with --db-id), not both")
+    if path is not None:
+        rows = read_jsonl(path, required=QUESTION_FIELDS)
+        return [{"id": r.get("id", k), "db_id": str(r["db_id"]), "question": str(r["question"]),
+                 "evidence": r.get("evidence")} for k, r in enumerate(rows)]
+    if not db_id:
+        raise ValueError("--question needs --db-id (the database under --db-root to ask)")
+    return [{"id": 0, "db_id": db_id, "question": question, "evidence": None}]
+
+
+def read_few_shot(path: Path | None):
+    """Worked examples for the generalist: JSONL {question, schema, sql}; the built-in ones by default."""
+    from sirius_train.inference.candidates import DEFAULT_FEW_SHOT, Example
+    from sirius_train.jsonl import read_jsonl
+
+    if path is None:
+        return DEFAULT_FEW_SHOT
+    return tuple(Example(str(r["question"]), str(r["schema"]), str(r["sql"]))
+                 for r in read_jsonl(path, required=("question", "schema", "sql")))
+
+
+def specialist_sampler(specialist: str, model_name: str | None):
+    """A URL means an OpenAI-compatible server (vLLM); anything else is a local HF model folder."""
+    from data_synthesis.samplers import HFSampler, OpenAISampler
+
+    if specialist.startswith(("http://", "https://")):
+        if not model_name:
+            raise ValueError("--specialist is a URL: also give --specialist-model (the name the server serves)")
+        return OpenAISampler(specialist, model_name)
+    return HFSampler(specialist)
+
+
+def infer_questions(db_root: Path, questions: list[dict], generators, *, config, llm_url: str | None,
+                    llm_model: str | None, seed: int, workers: int, timeout: float, recovery: bool = True,
+                    show_progress: bool = True):
+    """Generate, run the lifecycle and select for every question; returns `pipeline.Answer`s."""
+    from data_synthesis.chat_client import ChatClient
+    from rewards.executor import Executor
+    from rewards.sandbox import Limits
+    from sirius_train.inference.candidates import generate
+    from sirius_train.inference.corrector import Corrector
+    from sirius_train.inference.judge import PairwiseJudge
+    from sirius_train.inference.lifecycle import Lifecycle
+    from sirius_train.inference.pipeline import answer, make_task
+
+    tasks = [make_task(db_root, q["id"], q["db_id"], q["question"], [], q.get("evidence")) for q in questions]
+    with progress_bar("generating", len(generators) * len(tasks), show_progress) as advance:
+        for generator in generators:
+            for start in range(0, len(tasks), GENERATION_CHUNK):
+                chunk = tasks[start:start + GENERATION_CHUNK]
+                for task, pool in zip(chunk, generate([generator], [t.question for t in chunk], seed + start)):
+                    task.candidates.extend(pool)
+                advance(len(chunk))
+    client = ChatClient(llm_url, llm_model or "default") if llm_url else None
+
+    def recover(question, feedback: str, n: int):
+        fewer = [replace(g, n=n) for g in generators]
+        return generate(fewer, [question], seed + 7, {0: feedback}, origin="recovery")[0]
+
+    with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
+        lifecycle = Lifecycle(executor, Corrector(client) if client else None, recover if recovery else None)
+        with stderr.status("lifecycle: filter, execute, repair, recovery"):
+            lifecycle.run(tasks)
+        stderr.print(f"lifecycle: {lifecycle.summary()}")
+    with progress_bar("selecting", len(tasks), show_progress) as advance:
+        return answer(tasks, config, "hybrid", PairwiseJudge(client) if client else None, advance)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def infer(
+        db_root: Path = typer.Option(..., "--db-root", help="folder with <db_id>/<db_id>.sqlite", exists=True,
+                                     file_okay=False),
+        output: Path = typer.Option(..., "--output", help="answers JSONL (one line per question)"),
+        specialist: str = typer.Option(..., "--specialist", help="local HF model folder, or an OpenAI-compatible URL"),
+        input: Path = typer.Option(None, "--input", help="questions JSONL: {id?, db_id, question, evidence?}"),
+        db_id: str = typer.Option(None, "--db-id", help="database of --question"),
+        question: str = typer.Option(None, "--question", help="one question (with --db-id)"),
+        specialist_model: str = typer.Option(None, "--specialist-model", help="model name when --specialist is a URL"),
+        n_specialist: int = typer.Option(4, "--n-specialist", help="specialist samples per question"),
+        generalist_url: str = typer.Option(None, "--generalist-url", help="OpenAI-compatible endpoint of the generalist"),
+        generalist_model: str = typer.Option("default", "--generalist-model", help="generalist model name"),
+        n_generalist: int = typer.Option(2, "--n-generalist", help="generalist samples per question"),
+        few_shot: Path = typer.Option(None, "--few-shot", help="JSONL {question, schema, sql} worked examples"),
+        llm_url: str = typer.Option(None, "--llm-url", help="corrector + judge endpoint (default: the generalist's)"),
+        llm_model: str = typer.Option(None, "--llm-model", help="corrector + judge model (default: the generalist's)"),
+        temperature: float = typer.Option(0.7, "--temperature", help="sampling temperature of both generators"),
+        max_new_tokens: int = typer.Option(512, "--max-new-tokens"),
+        compare: CompareMode = typer.Option(CompareMode.BIRD, "--compare", help="result equivalence for answer classes"),
+        margin: float = typer.Option(None, "--margin", help="gate: near-tie margin of S_coarse (0 = reranker off)"),
+        trace: Path = typer.Option(None, "--trace", help="trace JSONL (default: <output>.trace.jsonl)"),
+        recovery: bool = typer.Option(True, "--recovery/--no-recovery", help="re-ask when a question's pool collapses"),
+        seed: int = typer.Option(0, "--seed"),
+        timeout: float = typer.Option(5.0, "--timeout", help="seconds per query, enforced inside SQLite"),
+        workers: int = typer.Option(2, "--workers", help="sandboxed worker processes (0 = in-process)"),
+        quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
+    ):
+        """Answer questions end to end: specialist + generalist candidates, typed repair, hybrid selection."""
+        from data_synthesis.samplers import OpenAISampler
+        from rewards.databases import UnknownDatabase
+        from sirius_train.inference.candidates import Generator
+        from sirius_train.inference.selector import SelectorConfig
+        from sirius_train.jsonl import JsonlError, write_jsonl
+
+        try:
+            questions = read_questions(input, db_id, question)
+            generators = [Generator("specialist", specialist_sampler(specialist, specialist_model), n_specialist,
+                                    temperature, max_new_tokens=max_new_tokens)]
+            if generalist_url:
+                generators.append(Generator("generalist", OpenAISampler(generalist_url, generalist_model), n_generalist,
+                                            temperature, max_new_tokens=max_new_tokens, few_shot=read_few_shot(few_shot)))
+            config = SelectorConfig(compare=compare.value, margin=SelectorConfig().margin if margin is None else margin)
+            stderr.print(f"infer: {len(questions)} question(s); generators: "
+                         + ", ".join(f"{g.name} x{g.n}" for g in generators)
+                         + f"; corrector/judge: {llm_url or generalist_url or 'none (LLM repair and S_rm off)'}")
+            answers = infer_questions(db_root, questions, generators, config=config,
+                                      llm_url=llm_url or generalist_url,
+                                      llm_model=llm_model or (generalist_model if generalist_url else None),
+                                      seed=seed, workers=workers, timeout=timeout, recovery=recovery,
+                                      show_progress=not quiet)
+        except (JsonlError, UnknownDatabase, FileNotFoundError, ValueError) as e:
+            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        trace_path = trace or output.with_name(output.stem + ".trace.jsonl")
+        write_jsonl(output, (a.result() for a in answers))
+        write_jsonl(trace_path, (a.trace() for a in answers))
+        for a in answers:
+            stderr.print(f"[bold]{a.task.question.id}[/] {a.pick()['sql']}\n    {a.why}")
+        stderr.print(f"wrote {output} and {trace_path}")

@@ -1,0 +1,283 @@
+"""Execution accuracy (EX) of prediction files: overall, per difficulty bucket, per database.
+
+Predictions are scored by `rewards.executor.Executor` -- the same sandbox, the same equivalence
+(`bird` or `spider`), the same code path as the training reward -- so a number in a report and a reward
+in training can never disagree. Three input layouts:
+
+- ours (JSONL): prediction lines `{"id", "sql"}` (also `pred_sql`; `sirius select` / `sirius infer`
+  output works as is), gold lines `{"id", "db_id", "gold_sql"}` (also `sql` / `SQL` / `query`),
+  optionally `difficulty`; joined by `id`.
+- BIRD: `predict_dev.json` (`{"0": "SQL\\t----- bird -----\\tdb_id", ...}`), gold `dev.json` (with
+  `difficulty`) or `dev.sql` (`SQL\\tdb_id` lines); paired by position.
+- Spider: `pred.sql` (one query a line), gold `dev_gold.sql` (`SQL\\tdb_id` lines); paired by position.
+
+Buckets: the gold's `difficulty` (BIRD: simple / moderate / challenging) when there is one, from the
+gold file or `difficulty_file`; otherwise Spider's hardness of the gold SQL (`sirius_train.hardness`).
+Reports are written as JSON, Markdown and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from rewards.scoring import ScoreItem, ScoreResult
+from sirius_train.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
+from sirius_train.jsonl import JsonlError, read_jsonl
+
+BIRD_SEPARATOR = "\t----- bird -----\t"
+BIRD_BUCKETS = ("simple", "moderate", "challenging")
+FORMATS = ("jsonl", "bird", "spider")
+GOLD_SQL_KEYS = ("gold_sql", "sql", "SQL", "query")
+
+
+class EvaluationInputError(ValueError):
+    """A prediction or gold file that cannot be read as the format says; the message names file and line."""
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    id: object
+    db_id: str
+    gold_sql: str
+    pred_sql: str | None  # None: no prediction for this question (counts as wrong)
+    bucket: str
+
+
+def detect_format(pred_path: Path) -> str:
+    """`jsonl` for .jsonl, `bird` for .json, `spider` otherwise (.sql / .txt).
+
+    Example:
+        >>> detect_format(Path("predict_dev.json")), detect_format(Path("pred.sql")), detect_format(Path("p.jsonl"))
+        ('bird', 'spider', 'jsonl')
+    """
+    suffix = pred_path.suffix.lower()
+    return {".jsonl": "jsonl", ".json": "bird"}.get(suffix, "spider")
+
+
+def load_items(pred_path: Path, gold_path: Path, fmt: str = "auto", difficulty_path: Path | None = None) -> list[EvalItem]:
+    """Pair predictions with gold in any of the three layouts; buckets attached."""
+    fmt = detect_format(pred_path) if fmt == "auto" else fmt
+    if fmt not in FORMATS:
+        raise EvaluationInputError(f"unknown format {fmt!r}; use one of {FORMATS} or 'auto'")
+    gold = _read_gold(gold_path)
+    difficulty = _read_difficulty(difficulty_path) if difficulty_path else {}
+    if fmt == "jsonl":
+        preds = _read_jsonl_predictions(pred_path)
+        known = {g["id"] for g in gold}
+        stray = [k for k in preds if k not in known]
+        if stray:
+            raise EvaluationInputError(f"{pred_path}: {len(stray)} prediction id(s) not in {gold_path}, e.g. {stray[:3]}")
+        pairs = [(g, preds.get(g["id"])) for g in gold]
+    elif fmt == "bird":
+        preds = _read_bird_predictions(pred_path)
+        pairs = [(g, preds.get(i)) for i, g in enumerate(gold)]
+    else:
+        lines = _read_lines(pred_path)
+        if len(lines) > len(gold):
+            raise EvaluationInputError(f"{pred_path}: {len(lines)} predictions for {len(gold)} gold queries in {gold_path}")
+        pairs = [(g, (lines[i].strip() or None) if i < len(lines) else None) for i, g in enumerate(gold)]
+    items = []
+    for g, pred in pairs:
+        bucket = difficulty.get(g["id"]) or g.get("difficulty") or spider_hardness(g["sql"])
+        items.append(EvalItem(g["id"], g["db_id"], g["sql"], pred, str(bucket)))
+    return items
+
+
+def score_items(items: list[EvalItem], db_root: Path, compare: str, *, workers: int = 2, timeout_s: float = 30.0,
+                on_result=None) -> list[ScoreResult]:
+    """Execute and compare every item in the sandboxed executor (None predictions are format failures)."""
+    from rewards.executor import Executor
+    from rewards.sandbox import Limits
+
+    score = [ScoreItem(it.db_id, it.gold_sql, it.pred_sql, compare, id=k) for k, it in enumerate(items)]
+    with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout_s)) as executor:
+        return executor.score(score, on_result=on_result)
+
+
+def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str) -> dict:
+    """EX overall, per bucket and per database, with execution status counts. Pure.
+
+    Example:
+        >>> items = [EvalItem(1, "a", "q", "q", "easy"), EvalItem(2, "a", "q", None, "hard"), EvalItem(3, "b", "q", "x", "easy")]
+        >>> results = [ScoreResult(0, True, 1.0, "ok", "ok"), ScoreResult(1, False, -1.0, "rejected", "ok", format_ok=False),
+        ...            ScoreResult(2, False, 0.0, "error", "ok")]
+        >>> r = ex_report(items, results, "bird")
+        >>> r["ex"], r["buckets"]["easy"], r["databases"]["b"]["ex"], r["missing"]
+        (0.333333, {'n': 2, 'correct': 1, 'ex': 0.5}, 0.0, 1)
+    """
+    def summary(pairs) -> dict:
+        n = len(pairs)
+        correct = sum(r.match for _, r in pairs)
+        return {"n": n, "correct": correct, "ex": round(correct / n, 6) if n else 0.0}
+
+    pairs = list(zip(items, results))
+    buckets = {}
+    for bucket in _bucket_order({it.bucket for it in items}):
+        buckets[bucket] = summary([(it, r) for it, r in pairs if it.bucket == bucket])
+    databases = {db: summary([(it, r) for it, r in pairs if it.db_id == db]) for db in sorted({it.db_id for it in items})}
+    overall = summary(pairs)
+    return {"compare": compare, **overall, "missing": sum(it.pred_sql is None for it in items),
+            "buckets": buckets, "databases": databases,
+            "pred_status": dict(Counter(r.pred_status for r in results)),
+            "gold_failures": sum(r.gold_status not in ("ok", "empty") for r in results)}
+
+
+def write_report(report: dict, out_dir: Path, name: str = "eval") -> list[Path]:
+    """`<name>.json`, `<name>.md` and `<name>.png` under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.json", out_dir / f"{name}.md", out_dir / f"{name}.png"]
+    paths[0].write_text(json.dumps(report, indent=2) + "\n")
+    paths[1].write_text(markdown_report(report))
+    _plot(report, paths[2])
+    return paths
+
+
+def markdown_report(report: dict) -> str:
+    """A readable report: the headline, then a table per bucket and per database.
+
+    Example:
+        >>> print(markdown_report({"compare": "bird", "n": 2, "correct": 1, "ex": 0.5, "missing": 0, "gold_failures": 0,
+        ...     "buckets": {"easy": {"n": 2, "correct": 1, "ex": 0.5}}, "databases": {}}).splitlines()[0])
+        # Execution accuracy (bird): 50.00% (1/2)
+    """
+    lines = [f"# Execution accuracy ({report['compare']}): {100 * report['ex']:.2f}% ({report['correct']}/{report['n']})",
+             ""]
+    if report.get("missing"):
+        lines += [f"{report['missing']} question(s) had no prediction and count as wrong.", ""]
+    if report.get("gold_failures"):
+        lines += [f"Warning: {report['gold_failures']} gold query(ies) did not execute; those count as wrong.", ""]
+    for title, key in (("Difficulty", "buckets"), ("Database", "databases")):
+        if not report[key]:
+            continue
+        lines += [f"| {title} | n | correct | EX |", "|---|---:|---:|---:|"]
+        lines += [f"| {k} | {v['n']} | {v['correct']} | {100 * v['ex']:.2f}% |" for k, v in report[key].items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def _read_gold(path: Path) -> list[dict]:
+    """Gold as dicts with id, db_id, sql (+ difficulty when present), from any supported layout."""
+    if not path.is_file():
+        raise EvaluationInputError(f"{path}: no such gold file")
+    if path.suffix.lower() == ".jsonl":
+        try:
+            rows = read_jsonl(path, required=("id", "db_id"))
+        except JsonlError as e:
+            raise EvaluationInputError(str(e)) from None
+        return [_gold_row(r, r["id"], path, k + 1) for k, r in enumerate(rows)]
+    if path.suffix.lower() == ".json":
+        data = _read_json(path)
+        if not isinstance(data, list):
+            raise EvaluationInputError(f"{path}: expected a JSON list of questions (BIRD dev.json layout)")
+        return [_gold_row(r, r.get("question_id", k), path, k + 1) for k, r in enumerate(data)]
+    gold = []
+    for k, line in enumerate(_read_lines(path)):
+        sql, sep, db_id = line.rstrip("\n").rpartition("\t")
+        if not sep or not sql.strip() or not db_id.strip():
+            raise EvaluationInputError(f"{path}:{k + 1}: expected 'SQL<TAB>db_id', got {line[:80]!r}")
+        gold.append({"id": k, "db_id": db_id.strip(), "sql": sql.strip()})
+    return gold
+
+
+def _gold_row(row, ident, path: Path, lineno: int) -> dict:
+    sql = next((row[k] for k in GOLD_SQL_KEYS if isinstance(row.get(k), str)), None)
+    if sql is None or "db_id" not in row:
+        raise EvaluationInputError(f"{path}:{lineno}: a gold entry needs db_id and one of {list(GOLD_SQL_KEYS)}")
+    out = {"id": ident, "db_id": str(row["db_id"]), "sql": sql}
+    if row.get("difficulty"):
+        out["difficulty"] = str(row["difficulty"])
+    return out
+
+
+def _read_jsonl_predictions(path: Path) -> dict:
+    try:
+        rows = read_jsonl(path, required=("id",))
+    except JsonlError as e:
+        raise EvaluationInputError(str(e)) from None
+    preds = {}
+    for k, r in enumerate(rows):
+        sql = r.get("sql", r.get("pred_sql"))
+        if sql is not None and not isinstance(sql, str):
+            raise EvaluationInputError(f"{path}:{k + 1}: 'sql' must be a string or null, got {type(sql).__name__}")
+        if r["id"] in preds:
+            raise EvaluationInputError(f"{path}:{k + 1}: duplicate prediction id {r['id']!r}")
+        preds[r["id"]] = sql
+    return preds
+
+
+def _read_bird_predictions(path: Path) -> dict[int, str | None]:
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise EvaluationInputError(f"{path}: expected a JSON object {{\"0\": \"SQL\\t----- bird -----\\tdb_id\"}}")
+    preds = {}
+    for key, value in data.items():
+        if not str(key).isdigit() or not isinstance(value, str):
+            raise EvaluationInputError(f"{path}: entry {key!r} is not 'index: \"SQL\\t----- bird -----\\tdb_id\"'")
+        sql = value.split(BIRD_SEPARATOR)[0].strip()
+        preds[int(key)] = sql or None
+    return preds
+
+
+def _read_difficulty(path: Path) -> dict:
+    """id -> difficulty, from a BIRD dev.json (`question_id`, else position) or a JSONL with id and difficulty."""
+    if path.suffix.lower() == ".jsonl":
+        try:
+            return {r["id"]: r["difficulty"] for r in read_jsonl(path, required=("id", "difficulty"))}
+        except JsonlError as e:
+            raise EvaluationInputError(str(e)) from None
+    data = _read_json(path)
+    if not isinstance(data, list) or not all(isinstance(r, dict) and "difficulty" in r for r in data):
+        raise EvaluationInputError(f"{path}: expected a JSON list of objects with 'difficulty' (BIRD dev.json)")
+    return {r.get("question_id", k): r["difficulty"] for k, r in enumerate(data)}
+
+
+def _read_json(path: Path):
+    if not path.is_file():
+        raise EvaluationInputError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise EvaluationInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _read_lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise EvaluationInputError(f"{path}: no such file")
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def _bucket_order(buckets: set[str]) -> list[str]:
+    known = [b for b in SPIDER_BUCKETS + BIRD_BUCKETS if b in buckets]
+    return known + sorted(buckets - set(known))
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [("by difficulty", report["buckets"]), ("by database", report["databases"])]
+    widths = [max(len(g), 1) for _, g in groups]
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 0.6 * sum(widths), 4), gridspec_kw={"width_ratios": widths})
+    for ax, (title, group) in zip(axes, groups):
+        names = list(group)
+        values = [100 * group[k]["ex"] for k in names]
+        bars = ax.bar(range(len(names)), values, color="#4C72B0")
+        for bar, k in zip(bars, names):
+            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() + 1, f"n={group[k]['n']}", ha="center",
+                    fontsize=7)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+        ax.set_ylim(0, 110)
+        ax.set_title(f"EX {title}")
+        ax.axhline(100 * report["ex"], color="gray", linestyle="--", linewidth=1)
+    axes[0].set_ylabel(f"EX (%), {report['compare']} equivalence")
+    fig.suptitle(f"Execution accuracy {100 * report['ex']:.2f}% over {report['n']} questions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""Wire the stages for a batch of questions: tasks -> lifecycle -> selection -> output records.
+
+`sirius select` enters with given candidate pools, `sirius infer` with generated ones; both leave
+through `answer`, so a pick means the same thing whichever command produced it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_synthesis.schema import read_schema
+from rewards.databases import resolve_db_path
+from sirius_train.inference.candidates import Candidate, Question
+from sirius_train.inference.judge import PairwiseJudge
+from sirius_train.inference.lifecycle import Task
+from sirius_train.inference.selector import (Ballot, Selection, SelectorConfig, explain, majority_vote,
+                                             select)
+
+METHODS = ("hybrid", "majority")
+JUDGE_CONCURRENCY = 8  # questions judged at once
+
+
+def make_task(db_root: Path, id, db_id: str, question: str, candidates: list[Candidate],
+              evidence: str | None = None) -> Task:
+    """A task with the database's schema read once (raises UnknownDatabase for a bad db_id)."""
+    schema = read_schema(resolve_db_path(db_root, db_id), db_id=db_id)
+    return Task(Question(id, db_id, question, schema.to_text(), evidence), schema, candidates)
+
+
+@dataclass
+class Answer:
+    task: Task
+    ballots: list[Ballot]
+    selection: Selection
+    why: str
+
+    @property
+    def winner(self) -> Candidate | None:
+        return None if self.selection.index is None else self.task.candidates[self.selection.index]
+
+    def pick(self) -> dict:
+        """The `sirius select` contract: {"id", "sql", "source", "score"}."""
+        winner = self.winner
+        return {"id": self.task.question.id, "sql": winner.sql if winner else None,
+                "source": winner.source if winner else None, "score": round(self.selection.score, 6)}
+
+    def result(self) -> dict:
+        """The pick plus what `sirius infer` users want to see at a glance."""
+        winner = self.winner
+        outcome = winner.outcome if winner else None
+        out = {**self.pick(), "db_id": self.task.question.db_id, "question": self.task.question.question,
+               "decided_by": self.selection.decided_by, "why": self.why,
+               "status": outcome.status.value if outcome else None}
+        if outcome is not None:
+            out["row_count"] = len(outcome.rows)
+            out["preview"] = outcome.to_json(5)["rows"]
+        return out
+
+    def trace(self) -> dict:
+        """Everything: each candidate's lifecycle events and the selector's scores per result class."""
+        return {"id": self.task.question.id, "db_id": self.task.question.db_id, "question": self.task.question.question,
+                "winner": self.selection.index, "why": self.why, "selection": self.selection.to_json(self.ballots),
+                "candidates": [c.to_json() for c in self.task.candidates]}
+
+
+def answer(tasks: list[Task], config: SelectorConfig = SelectorConfig(), method: str = "hybrid",
+           judge: PairwiseJudge | None = None, on_answer: Callable[[], None] | None = None) -> list[Answer]:
+    """Select one candidate per task (tasks must have been through the lifecycle)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown selection method {method!r}; use one of {METHODS}")
+
+    def one(task: Task) -> Answer:
+        ballots = task.ballots()
+        if method == "majority":
+            selection = majority_vote(ballots, config.compare)
+        else:
+            selection = select(ballots, config, judge.for_question(task.question) if judge else None)
+        if on_answer is not None:
+            on_answer()
+        return Answer(task, ballots, selection, explain(selection, ballots, config))
+
+    if judge is None:
+        return [one(task) for task in tasks]
+    with ThreadPoolExecutor(JUDGE_CONCURRENCY) as pool:  # the judge is HTTP-bound: questions in parallel
+        return list(pool.map(one, tasks))

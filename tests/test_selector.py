@@ -1,0 +1,187 @@
+"""The hybrid selector's math (pure, exact) and `sirius select` on the real pools."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rewards.outcome import Status
+from sirius_train.inference.selector import (Ballot, SelectorConfig, admitted, consensus_scores, explain,
+                                             majority_vote, preference_scores, result_classes, select)
+from sirius_train.inference.structure import signature
+
+OK, EMPTY, ERROR = Status.OK, Status.EMPTY, Status.ERROR
+
+
+def ballot(source, sql, *rows, status=OK):
+    return Ballot(source, sql, status, tuple(rows))
+
+
+# ------------------------------------------------------------------------------------------ classes
+def test_classes_follow_the_compare_modes():
+    b = [ballot("a", "q", (1, "x")), ballot("b", "q", ("x", 1)), ballot("c", "q", (1, "x"), (1, "x")),
+         ballot("d", "q", (1.0, "x"))]
+    assert [c.members for c in result_classes(b, range(4), "bird")] == [[0, 2, 3], [1]]
+    assert [c.members for c in result_classes(b, range(4), "spider")] == [[0, 1, 3], [2]]
+
+
+def test_admission_keeps_empty_only_as_a_strict_majority_or_last_resort():
+    ok, empty, err = ballot("a", "q", (1,)), ballot("b", "q", status=EMPTY), ballot("c", "q", status=ERROR)
+    assert admitted([ok, empty]) == [0]  # 1 of 2 is not a strict majority
+    assert admitted([ok, empty, empty]) == [0, 1, 2]
+    assert admitted([empty, err, err]) == [0]  # nothing else executed
+    assert admitted([err, err]) == []
+
+
+# ------------------------------------------------------------------------------------------ S_maj, S_rm
+def test_consensus_scores_exact_values():
+    b = [ballot("a", "q", (1,), (2,)), ballot("b", "q", (1,), (2,)), ballot("c", "q", (1,), (3,)), ballot("d", "q", (9,))]
+    classes = result_classes(b, range(4))
+    assert consensus_scores(classes, 5, 0.0) == [2 / 5, 1 / 5, 1 / 5]
+    # partial credit: row Dice({1,2},{1,3}) = 0.5 in both directions; {9} overlaps nothing
+    assert consensus_scores(classes, 5, 0.5) == pytest.approx([(2 + 0.5 * 0.5) / 5, (1 + 0.5 * 2 * 0.5) / 5, 1 / 5])
+
+
+def test_partial_agreement_ignores_column_order():
+    b = [ballot("a", "q", (1, "x")), ballot("b", "q", ("x", 1))]
+    classes = result_classes(b, [0, 1], "bird")
+    assert len(classes) == 2
+    assert consensus_scores(classes, 2, 1.0) == [1.0, 1.0]
+
+
+def test_preference_asks_both_orders_and_cancels_position_bias():
+    b = [ballot("a", "SELECT 1", (1,)), ballot("b", "SELECT 2", (2,)), ballot("c", "SELECT 3", (3,))]
+    classes = result_classes(b, range(3))
+    asked = []
+
+    def first_always(x, y):
+        asked.append((x[0], y[0]))
+        return 0
+
+    assert preference_scores(b, classes, first_always, top_k=3) == [0.5, 0.5, 0.5]
+    assert sorted(asked) == sorted([(x, y) for x in ("SELECT 1", "SELECT 2", "SELECT 3")
+                                    for y in ("SELECT 1", "SELECT 2", "SELECT 3") if x != y])
+    prefers_3 = lambda x, y: 0 if x[0] == "SELECT 3" else 1 if y[0] == "SELECT 3" else None
+    assert preference_scores(b, classes, prefers_3, top_k=3) == [0.0, 0.0, 1.0]
+    assert preference_scores(b, classes, prefers_3, top_k=2) == [0.0, 0.0, 0.0]  # class 3 is outside the top 2
+
+
+def test_judge_can_break_a_near_tie_but_not_a_landslide():
+    near = [ballot("a", "SELECT 1", (1,)), ballot("b", "SELECT 1", (1,)), ballot("c", "SELECT 2", (2,))]
+    prefers_2 = lambda x, y: 0 if x[0] == "SELECT 2" else 1
+    config = SelectorConfig(judge_weight=0.5, margin=0.0)
+    assert select(near, config, prefers_2).index == 2  # 2/3 vs 1/3 + 0.5
+    landslide = near[:2] * 3 + near[2:]
+    assert select(landslide, config, prefers_2).index == 0  # 6/7 vs 1/7 + 0.5
+
+
+# ------------------------------------------------------------------------------------------ baseline and gate
+def test_majority_vote_counts_empty_results_and_breaks_ties_by_input_order():
+    b = [ballot("a", "q1", (1,)), ballot("b", "q2", status=EMPTY), ballot("c", "q3", status=EMPTY),
+         ballot("d", "q4", (1,))]
+    assert majority_vote(b).index == 0  # 2 vs 2: the class holding candidate 0
+    assert majority_vote(b[1:]).index == 0  # the empty class, 2 vs 1
+    assert majority_vote([ballot("a", "q", status=ERROR)]).decided_by == "no_executable"
+
+
+def test_reranker_prefers_the_shape_more_sources_share():
+    b = [ballot("spec", "SELECT max(a) FROM t", (3,)),
+         ballot("spec", "SELECT count(*) FROM t WHERE a = 'x'", (2,)),
+         ballot("gen", "SELECT count(*) FROM t WHERE a = 'X'", (1,)),
+         ballot("spec", "SELECT name FROM t", ("n",), status=ERROR)]
+    s = select(b, SelectorConfig(margin=0.1))
+    assert s.decided_by == "structure" and s.index == 1  # 3-way tie; {spec, gen} share the count(*) shape
+    assert s.classes[0].support == 2
+    assert select(b, SelectorConfig(margin=0.0)).index == 0  # gate closed: input order breaks the tie
+
+
+def test_rerank_auto_only_when_provenance_groups_are_shared():
+    b = [ballot("s1", "SELECT count(*) FROM t", (3,)), ballot("s2", "SELECT max(a) FROM t", (2,)),
+         ballot("s3", "SELECT max(a) FROM t WHERE b = 1", (1,))]
+    assert select(b, SelectorConfig(rerank="auto")).decided_by == "consensus"
+    forced = select(b, SelectorConfig(rerank="always"))
+    assert forced.decided_by == "structure" and forced.index == 1
+    with pytest.raises(ValueError, match="rerank must be one of"):
+        SelectorConfig(rerank="sometimes")
+
+
+def test_selection_explains_itself():
+    b = [ballot("spec", "SELECT 1", (1,)), ballot("gen", "SELECT 1", (1,)), ballot("spec", "SELECT 2", (2,))]
+    text = explain(select(b), b)
+    assert text.startswith("consensus: 2 of 3 candidates (gen, spec)")
+    assert explain(select([]), []) == "empty pool"
+
+
+def test_config_errors_name_the_value_and_the_rule():
+    with pytest.raises(ValueError, match="partial_weight must be in \\[0, 1\\], got 2"):
+        SelectorConfig(partial_weight=2)
+    with pytest.raises(ValueError, match="unknown compare mode 'exact'"):
+        SelectorConfig(compare="exact")
+
+
+def test_signatures_ignore_aliases_case_and_literals_but_not_shape():
+    assert signature("SELECT T1.name FROM singer AS T1 WHERE T1.age > 30") == signature(
+        "select name from SINGER where age > 40")
+    assert signature("SELECT name FROM singer ORDER BY age") != signature("SELECT name FROM singer ORDER BY age DESC")
+    assert signature("SELECT count(*) FROM singer") != signature("SELECT count(*) FROM singer GROUP BY country")
+    assert signature("SELEC name FROM") is None
+
+
+# ------------------------------------------------------------------------------------------ real pools, real CLI
+def run_select(tmp_path, spider_root, *extra, pools=None):
+    out = tmp_path / "picks.jsonl"
+    inp = spider_root / "dev_candidate_pools.jsonl" if pools is None else pools
+    result = subprocess.run([sys.executable, "-m", "sirius_train.cli", "select", "--db-root",
+                             str(spider_root / "databases"), "--input", str(inp), "--output", str(out), "--quiet",
+                             *extra], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_select_on_real_pools_keeps_the_contract_and_is_deterministic(tmp_path, spider_root, spider_pools):
+    picks = run_select(tmp_path, spider_root)
+    assert [p["id"] for p in picks] == [p["id"] for p in spider_pools]
+    assert all(set(p) == {"id", "sql", "source", "score"} for p in picks)
+    by_id = {p["id"]: p for p in spider_pools}
+    for pick in picks:  # the pick is one of the given candidates, with its own source
+        assert {"source": pick["source"], "sql": pick["sql"]} in by_id[pick["id"]]["candidates"]
+        assert 0.0 < pick["score"] <= 1.0
+    subset = tmp_path / "subset.jsonl"  # the same picks again, in a smaller batch: deterministic, batch-independent
+    subset.write_text("".join(json.dumps(p) + "\n" for p in spider_pools[::10]))
+    assert run_select(tmp_path, spider_root, pools=subset) == picks[::10]
+
+
+def test_select_rejects_bad_pools_clearly(tmp_path, spider_root):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": 1, "db_id": "singer", "question": "q", "candidates": [{"sql": "SELECT 1"}]}) + "\n")
+    result = subprocess.run([sys.executable, "-m", "sirius_train.cli", "select", "--db-root",
+                             str(spider_root / "databases"), "--input", str(bad), "--output",
+                             str(tmp_path / "o.jsonl"), "--quiet"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "candidate 0 must be an object with 'source' and 'sql'" in result.stderr
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_select_file_keeps_every_question_even_without_a_usable_candidate(tmp_path, demo_db_root):
+    from sirius_train.commands.select import select_file
+
+    rows = [{"id": "none", "db_id": "retail", "question": "q", "candidates": []},
+            {"id": "broken", "db_id": "retail", "question": "q",
+             "candidates": [{"source": "a", "sql": None}, {"source": "b", "sql": "SELECT nme FROM customers"}]},
+            {"id": "fine", "db_id": "retail", "question": "q",
+             "candidates": [{"source": "a", "sql": "SELECT count(*) FROM customers"}]}]
+    pools = tmp_path / "pools.jsonl"
+    pools.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    answers = select_file(demo_db_root, pools, tmp_path / "picks.jsonl", config=SelectorConfig(), workers=0,
+                          trace_path=tmp_path / "trace.jsonl", show_progress=False)
+    picks = [json.loads(line) for line in (tmp_path / "picks.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in picks] == ["none", "broken", "fine"]
+    assert picks[0] == {"id": "none", "sql": None, "source": None, "score": 0.0}
+    assert picks[1] == {"id": "broken", "sql": "SELECT nme FROM customers", "source": "b", "score": 0.0}
+    assert answers[1].selection.decided_by == "no_executable"
+    assert picks[2] == {"id": "fine", "sql": "SELECT count(*) FROM customers", "source": "a", "score": 1.0}
+    trace = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert trace[1]["candidates"][1]["dropped"] == "filtered: unknown column: nme (not in customers)"
