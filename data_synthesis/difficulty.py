@@ -1,6 +1,6 @@
 """Difficulty under a policy (SPEC 2.3): sample k answers per example, score each by execution, p = correct / k.
 
-The prompt is the one training uses: `render_prompt(question, read_schema(db).to_text(), evidence)`.
+The prompt is the one training uses: `PromptFormat.render(question, db, evidence)` with the run's format.
 Answers are scored with the execution reward (`rewards`: extract the SQL, run it sandboxed, compare with
 the gold result), so "correct" here means exactly what the trainer will reward.
 
@@ -23,10 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_synthesis.prompts import render_prompt
+from data_synthesis.prompts import PromptFormat
 from data_synthesis.records import Example, check_unique_ids
 from data_synthesis.samplers import Sampler
-from data_synthesis.schema import read_schema
 from rewards.databases import UnknownDatabase, resolve_db_path
 from rewards.executor import Executor
 from rewards.extract import extract_sql
@@ -59,10 +58,10 @@ class Estimate:
                 "statuses": self.statuses, "format_failures": self.format_failures, "gold_status": self.gold_status}
 
 
-def prompt_for(example: Example, db_root: str | Path) -> list[dict]:
+def prompt_for(example: Example, db_root: str | Path, prompt_format: PromptFormat = PromptFormat()) -> list[dict]:
     """The chat prompt of an example: the same one the trainer's rollouts use."""
-    schema = read_schema(resolve_db_path(db_root, example.db_id), db_id=example.db_id)
-    return render_prompt(example.question, schema.to_text(), example.evidence or None)
+    return prompt_format.render(example.question, resolve_db_path(db_root, example.db_id), example.evidence or None,
+                                db_id=example.db_id)
 
 
 def estimate_pass_rates(examples: Sequence[Example], sampler: Sampler, db_root: str | Path, k: int = 8,
@@ -70,7 +69,7 @@ def estimate_pass_rates(examples: Sequence[Example], sampler: Sampler, db_root: 
     """Pass rate of every example whose gold SQL executes, as `{id: correct / k}`.
 
     Takes the keyword options of `estimate` (`cache_path`, `temperature`, `top_p`, `max_new_tokens`, `seed`,
-    `batch_size`, `compare`, `timeout_s`, `workers`, `policy`, `progress`); examples whose gold SQL does not
+    `batch_size`, `compare`, `timeout_s`, `workers`, `policy`, `progress`, `prompt_format`); examples whose gold SQL does not
     execute get no rate (validate the pool first: `data_synthesis.validate`).
     """
     return {e.id: e.pass_rate for e in estimate(examples, sampler, db_root, k, **options)
@@ -81,7 +80,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
              cache_path: str | Path | None = None, temperature: float = 1.0, top_p: float = 1.0,
              max_new_tokens: int = 512, seed: int = 0, batch_size: int = 8, compare: str = "bird",
              timeout_s: float = 5.0, workers: int = 0, policy: str = "",
-             progress: Callable[[int], None] | None = None) -> list[Estimate]:
+             progress: Callable[[int], None] | None = None,
+             prompt_format: PromptFormat = PromptFormat()) -> list[Estimate]:
     """One `Estimate` per example (in input order): k answers sampled, scored by execution, cached.
 
     Args:
@@ -95,6 +95,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
         workers: sandboxed executor processes for scoring (0: in this process).
         policy: a tag that names the policy in the cache key (e.g. a checkpoint path and step).
         progress: called with the number of examples finished (cached ones included).
+        prompt_format: how prompts are rendered (the run's; it is part of the cache key via the prompt).
     """
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
@@ -106,7 +107,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
                               f"{db_root}/<db_id>/<db_id>.sqlite (check --db-root)")
     params = {"k": k, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
               "compare": compare, "policy": policy}
-    prompts = [prompt_for(e, db_root) for e in examples]
+    prompts = [prompt_for(e, db_root, prompt_format) for e in examples]
     keys = [_key(p, e, params) for p, e in zip(prompts, examples)]
     cache = _Cache(Path(cache_path)) if cache_path is not None else None
     done: dict[str, Estimate] = cache.load() if cache else {}

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_synthesis.difficulty import prompt_for
+from data_synthesis.prompts import PromptFormat
 from data_synthesis.records import Example, write_examples
 from data_synthesis.smoothing import SmoothingConfig, bin_of
 
@@ -42,10 +43,11 @@ SCHEMA = pa.schema([
 
 
 def verl_rows(examples: Sequence[Example], db_root: str | Path, *, pass_rates: Mapping[str, float] | None = None,
-              data_source: str = DATA_SOURCE, compare: str = "bird") -> list[dict]:
+              data_source: str = DATA_SOURCE, compare: str = "bird",
+              prompt_format: PromptFormat = PromptFormat()) -> list[dict]:
     """The parquet rows of `examples`, in order (`index` is the row number)."""
     rates = pass_rates or {}
-    return [{"data_source": data_source, "prompt": prompt_for(e, db_root), "ability": "sql",
+    return [{"data_source": data_source, "prompt": prompt_for(e, db_root, prompt_format), "ability": "sql",
              "reward_model": {"style": "rule", "ground_truth": e.gold_sql},
              "extra_info": {"db_id": e.db_id, "index": i, "difficulty": rates.get(e.id), "question": e.question,
                             "id": e.id, "evidence": e.evidence, "source": e.source, "level": e.level,
@@ -55,11 +57,11 @@ def verl_rows(examples: Sequence[Example], db_root: str | Path, *, pass_rates: M
 
 def write_verl_parquet(examples: Sequence[Example], path: str | Path, db_root: str | Path, *,
                        pass_rates: Mapping[str, float] | None = None, data_source: str = DATA_SOURCE,
-                       compare: str = "bird") -> Path:
+                       compare: str = "bird", prompt_format: PromptFormat = PromptFormat()) -> Path:
     """Write a stage's examples as verl-layout parquet (atomically); returns the path."""
     path = Path(path)
     table = pa.Table.from_pylist(verl_rows(examples, db_root, pass_rates=pass_rates, data_source=data_source,
-                                           compare=compare), schema=SCHEMA)
+                                           compare=compare, prompt_format=prompt_format), schema=SCHEMA)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp)
@@ -124,14 +126,15 @@ def plot_histogram(pool_rates: Sequence[float], selected_rates: Sequence[float],
 
 def write_stage(curriculum, out_dir: str | Path, name: str, db_root: str | Path, *,
                 config: SmoothingConfig = SmoothingConfig(), compare: str = "bird",
-                data_source: str = DATA_SOURCE) -> dict[str, Path]:
+                data_source: str = DATA_SOURCE, prompt_format: PromptFormat = PromptFormat()) -> dict[str, Path]:
     """All outputs of one stage under `out_dir`: `<name>.parquet`, `<name>.report.json`, `<name>.histogram.png`,
     `<name>.jsonl` (the selected examples, pass rate in `meta`) and `<name>.new_examples.jsonl` (mutants made
     to fill short bins, to add to the pool). Returns the paths by kind."""
     out = Path(out_dir)
     rates = curriculum.pass_rates
     paths = {"parquet": write_verl_parquet(curriculum.examples, out / f"{name}.parquet", db_root, pass_rates=rates,
-                                           data_source=data_source, compare=compare),
+                                           data_source=data_source, compare=compare,
+                                           prompt_format=prompt_format),
              "report": write_report(curriculum.report, out / f"{name}.report.json"),
              "histogram": plot_histogram(list(rates.values()), [rates[e.id] for e in curriculum.examples],
                                          out / f"{name}.histogram.png", config, title=name)}

@@ -27,12 +27,24 @@ class DataConfig:
     build_demo_dbs: bool = True  # generate the project's demo databases into db_root when missing
     train_dbs: list[str] = field(default_factory=lambda: ["retail", "university", "library"])
     eval_dbs: list[str] = field(default_factory=lambda: ["clinic", "flights"])  # held out: never trained on
+    generated_train_dbs: int = 0  # extra procedurally generated train databases (gen_train_00, ...)
+    generated_eval_dbs: int = 0  # extra procedurally generated held-out databases (gen_eval_00, ...)
     pool_files: list[str] = field(default_factory=list)  # extra examples (our JSONL) added to the train pool
     synth_per_db: int = 300  # synthesized examples per train database
+    synth_rules: list[str] = field(default_factory=list)  # synthesis rules to use (empty: all)
+    synth_joins: bool = True  # False: single-table questions only
     eval_per_db: int = 60  # synthesized held-out questions per eval database
-    schema_samples: int = 0  # sample values per column shown in the prompt
+    sft_share: float = 0.5  # share of the pool used for the SFT warm start (the rest is the RL pool)
+    schema_style: str = "ddl"  # ddl | compact
+    schema_samples: int = 3  # sample values per column shown in the prompt
     system_prompt: str | None = None  # None: the default prompt; "": no system message
     compare: str = "bird"  # result equivalence: bird | spider
+
+    def all_train_dbs(self) -> list[str]:
+        return list(self.train_dbs) + [f"gen_train_{i:02d}" for i in range(self.generated_train_dbs)]
+
+    def all_eval_dbs(self) -> list[str]:
+        return list(self.eval_dbs) + [f"gen_eval_{i:02d}" for i in range(self.generated_eval_dbs)]
 
 
 @dataclass
@@ -105,6 +117,7 @@ class StageConfig:
     bins: int = 4
     max_repeats: int = 3
     keep_zero_share: float = 0.0  # share of the budget that p=0 examples may take
+    fill_bins: bool = True  # fill short bins with mutations of their examples (estimated the same way)
     # bookkeeping
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end of the stage)
     checkpoint_every: int = 5
@@ -161,7 +174,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("data.compare", cfg.data.compare, "use 'bird' or 'spider'")
     if not cfg.stages:
         bad("stages", cfg.stages, "give at least one stage")
-    overlap = set(cfg.data.train_dbs) & set(cfg.data.eval_dbs)
+    if cfg.data.schema_style not in ("ddl", "compact"):
+        bad("data.schema_style", cfg.data.schema_style, "use 'ddl' or 'compact'")
+    if not 0 <= cfg.data.sft_share < 1:
+        bad("data.sft_share", cfg.data.sft_share, "a share in [0, 1): the rest is the RL pool")
+    overlap = set(cfg.data.all_train_dbs()) & set(cfg.data.all_eval_dbs())
     if overlap:
         bad("data.eval_dbs", cfg.data.eval_dbs, f"held-out databases must not be trained on: {sorted(overlap)}")
     for i, s in enumerate(cfg.stages):

@@ -36,6 +36,7 @@ class Draft:
 class Context:
     profile: DbProfile
     rng: random.Random
+    joins: bool = True  # False: single-table queries only (small models, first curricula)
 
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
@@ -95,7 +96,7 @@ class Source:
 
 def pick_source(ctx: Context, p_join: float) -> Source:
     profile = ctx.profile
-    if profile.links and ctx.chance(p_join):
+    if ctx.joins and profile.links and ctx.chance(p_join):
         bridges = _bridges(profile)
         if bridges and ctx.chance(0.25):
             a, b = ctx.pick(bridges)
@@ -281,7 +282,7 @@ def aggregate(ctx: Context) -> Draft | None:
 def group(ctx: Context) -> Draft | None:
     """GROUP BY a category (or a parent row along a join), with counts, aggregates, HAVING or an arg-max."""
     profile = ctx.profile
-    if profile.links and ctx.chance(0.4):
+    if ctx.joins and profile.links and ctx.chance(0.4):
         return _group_by_parent(ctx, ctx.pick(profile.links))
     focus = _focus(ctx, 0.25, group_columns, 0.2)
     if focus is None:
@@ -374,7 +375,7 @@ def top(ctx: Context) -> Draft | None:
 def nested(ctx: Context) -> Draft | None:
     """A subquery: compare with an aggregate of the table, or keep rows whose key is (not) IN a child's keys."""
     profile = ctx.profile
-    if profile.links and ctx.chance(0.55):
+    if ctx.joins and profile.links and ctx.chance(0.55):
         return _nested_in(ctx, ctx.pick(profile.links))
     src = Source([ctx.pick(profile.tables)])
     nums = numeric_columns(src)
@@ -420,7 +421,7 @@ def set_operation(ctx: Context) -> Draft | None:
     """UNION / INTERSECT / EXCEPT of two filtered queries with the same projection."""
     profile = ctx.profile
     kind = ctx.pick(["union", "intersect", "except"], [2, 2, 2])
-    if profile.links and ctx.chance(0.5):
+    if ctx.joins and profile.links and ctx.chance(0.5):
         return _set_over_link(ctx, ctx.pick(profile.links), kind)
     src = Source([ctx.pick(profile.tables)])
     cols = pick_columns(ctx, src, 1)

@@ -68,15 +68,16 @@ class Synthesizer:
         rules: the weighted rule table (default `RULES`).
         limits: sandbox limits for validating each candidate (a gold query slower than this is not kept).
         writer: optional `QuestionWriter` (e.g. `LLMQuestionWriter`) that rewrites template questions.
+        joins: False keeps every query on one table (small models, first curricula).
     """
 
     def __init__(self, db_path: str | Path, *, db_id: str | None = None, rules: tuple[Rule, ...] = RULES,
-                 limits: Limits = Limits(timeout_s=2.0, max_rows=10_000), writer=None):
+                 limits: Limits = Limits(timeout_s=2.0, max_rows=10_000), writer=None, joins: bool = True):
         self.path = Path(db_path)
         if not self.path.is_file():
             raise FileNotFoundError(f"database file not found: {self.path}")
         self.profile: DbProfile = profile_database(self.path, db_id=db_id)
-        self.rules, self.limits, self.writer = rules, limits, writer
+        self.rules, self.limits, self.writer, self.joins = rules, limits, writer, joins
         self.stats = SynthesisStats()
 
     def run(self, n: int, seed: int = 0, *, avoid: set[str] = frozenset(), max_attempts: int | None = None
@@ -85,7 +86,7 @@ class Synthesizer:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         db_id = self.profile.db_id
-        ctx = Context(self.profile, random.Random(f"{db_id}:{seed}"))
+        ctx = Context(self.profile, random.Random(f"{db_id}:{seed}"), joins=self.joins)
         weights = [r.weight for r in self.rules]
         seen, asked = set(avoid), set()
         out: list[Example] = []
@@ -126,8 +127,8 @@ class Synthesizer:
 
 
 def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None = None, writer=None,
-               rules: tuple[Rule, ...] = RULES, limits: Limits = Limits(timeout_s=2.0, max_rows=10_000)
-               ) -> list[Example]:
+               rules: tuple[Rule, ...] = RULES, limits: Limits = Limits(timeout_s=2.0, max_rows=10_000),
+               joins: bool = True) -> list[Example]:
     """`n` executable, non-empty, distinct examples over any SQLite database (fewer if it cannot hold `n`).
 
     Deterministic for a given database file and `seed`. `db_id` defaults to the file's stem.
@@ -140,4 +141,4 @@ def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None 
         >>> len(examples), len({e.gold_sql for e in examples}), examples[0].db_id
         (5, 5, 'retail')
     """
-    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer).run(n, seed)
+    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer, joins=joins).run(n, seed)

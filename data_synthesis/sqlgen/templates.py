@@ -36,17 +36,23 @@ def words(name: str) -> str:
     return " ".join(spaced.lower().split())
 
 
+_IE_WORDS = ("movies", "cookies", "pies", "ties", "lies", "zombies", "rookies", "calories", "species")
+
+
 def singular(name: str) -> str:
     """Table name as one thing.
 
     Example:
-        >>> [singular(n) for n in ("orders", "order_items", "categories", "addresses", "singer", "status")]
-        ['order', 'order item', 'category', 'address', 'singer', 'status']
+        >>> [singular(n) for n in ("orders", "order_items", "categories", "addresses", "singer", "status", "movies",
+        ...                        "dishes", "boxes")]
+        ['order', 'order item', 'category', 'address', 'singer', 'status', 'movie', 'dish', 'box']
     """
     w = words(name)
+    if w.endswith(_IE_WORDS):
+        return w[:-1]
     if w.endswith("ies") and len(w) > 4:
         return w[:-3] + "y"
-    if w.endswith("sses") or w.endswith("xes") or w.endswith("ches"):
+    if w.endswith(("sses", "xes", "ches", "shes")):
         return w[:-2]
     if w.endswith("s") and not w.endswith(("ss", "us", "is")):
         return w[:-1]

@@ -80,7 +80,7 @@ def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir:
               max_len: int = 512, packing: bool = False, deepspeed: str | None = None, seed: int = 0,
               callbacks=(), report_to=()) -> dict:
     """Fine-tune `model` on (prompt messages, answer text) pairs; resumes from `output_dir` checkpoints."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.trainer_utils import get_last_checkpoint
 
     encoded = [e for e in (encode_example(tokenizer, p, a, max_len) for p, a in pairs) if e is not None]
@@ -92,13 +92,14 @@ def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir:
     on_gpu = torch.cuda.is_available() and next(model.parameters()).is_cuda
     args = TrainingArguments(
         output_dir=str(output_dir), num_train_epochs=epochs, learning_rate=lr, per_device_train_batch_size=batch_size,
-        warmup_ratio=warmup_ratio, weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=10,
+        warmup_steps=warmup_ratio, weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=10,
         save_strategy="steps", save_steps=200, save_total_limit=1, report_to=list(report_to), seed=seed,
         data_seed=seed, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), deepspeed=deepspeed,
         dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(tokenizer.pad_token_id),
                       callbacks=list(callbacks))
+    trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
     last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
     result = trainer.train(resume_from_checkpoint=last)
     return {"sft_loss": result.training_loss, "sft_steps": result.global_step, "sft_examples": len(encoded),

@@ -1,0 +1,74 @@
+"""`sirius train CONFIG [key=value ...]` and `sirius sft CONFIG [key=value ...]`: the schedule from a YAML config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sirius_train.progress import stderr
+
+
+def _load(config: Path | None, overrides: list[str], **forced):
+    from sirius_train.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
+    except (ConfigError, FileNotFoundError) as e:
+        stderr.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    return cfg
+
+
+def run_schedule(cfg, sft_only: bool = False) -> dict:
+    from sirius_train.schedule import run
+
+    if cfg.backend != "local":
+        from sirius_train.verl_backend import VerlBackend  # noqa: F401 -- needs the [verl] extra
+
+        backend = VerlBackend(cfg)
+    else:
+        from sirius_train.local.backend import LocalBackend
+
+        backend = LocalBackend(cfg)
+    try:
+        return run(cfg, backend, sft_only=sft_only)
+    finally:
+        backend.close()
+
+
+def print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"held-out execution accuracy -- {summary['run']}")
+    table.add_column("after")
+    table.add_column("EX", justify="right")
+    table.add_column("seconds", justify="right")
+    for phase in summary["phases"]:
+        table.add_row(phase["phase"], f"{phase['eval_exec_acc']:.1%}", f"{phase.get('seconds', 0):.0f}")
+    stderr.print(table)
+    stderr.print(f"final model: {summary['final_model']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+    def train(
+        config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b.yaml, ...)"),
+        overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. stages.0.steps=10 seed=1"),
+        backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
+    ):
+        """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
+        cfg = _load(config, overrides, backend=backend)
+        print_summary(run_schedule(cfg))
+
+    @app.command()
+    def sft(
+        config: Path = typer.Argument(..., help="run config YAML"),
+        overrides: list[str] = typer.Argument(None, help="key=value overrides"),
+    ):
+        """The supervised warm start alone (loss on answer tokens), evaluated by execution accuracy."""
+        cfg = _load(config, overrides)
+        if not cfg.sft.enabled:
+            stderr.print("[red]error:[/] sft.enabled=false in this config; nothing to do")
+            raise typer.Exit(2)
+        print_summary(run_schedule(cfg, sft_only=True))

@@ -1,0 +1,182 @@
+"""The local backend: every phase of the schedule in this process, on the CPU or one GPU.
+
+Checkpoints move between phases as ordinary HF folders (the schedule's contract with every backend);
+the loaded model stays in memory between phases so the nano demo does not pay for reloading.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rewards.executor import Executor
+from rewards.reward import RewardTable
+from rewards.sandbox import Limits
+from sirius_train.config import RunConfig, StageConfig
+from sirius_train.local.trainer import DAPOTrainer, TrainItem
+from sirius_train.metrics import MetricsLog
+from sirius_train.progress import stderr
+
+
+def read_curriculum(parquet: Path) -> list[TrainItem]:
+    """Training items from a verl-layout parquet (the same file verl would train on)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(parquet).to_pylist()
+    return [TrainItem(prompt=[{"role": m["role"], "content": m["content"]} for m in r["prompt"]],
+                      db_id=r["extra_info"]["db_id"], gold_sql=r["reward_model"]["ground_truth"],
+                      uid=r["extra_info"].get("id") or str(r["extra_info"]["index"])) for r in rows]
+
+
+class LocalBackend:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        if cfg.model.dtype == "auto":
+            self.dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        else:
+            self.dtype = getattr(torch, cfg.model.dtype)
+        torch.manual_seed(cfg.seed)
+        self.metrics = MetricsLog(cfg.run_dir / "metrics.jsonl", cfg.logging.backends, cfg.logging.project,
+                                  cfg.name)
+        self._executor: Executor | None = None
+        self._loaded: tuple[Path, object, object] | None = None
+
+    @property
+    def executor(self) -> Executor:
+        """The reward's executor, opened on first use (the databases may be built by the schedule first)."""
+        if self._executor is None:
+            r = self.cfg.reward
+            table = RewardTable(correct=r.correct, wrong=r.wrong, error=r.error, timeout=r.timeout,
+                                rejected=r.rejected, format_failure=r.format_failure)
+            self._executor = Executor(self.cfg.data.db_root, workers=r.workers, limits=Limits(timeout_s=r.timeout_s),
+                                      table=table)
+        return self._executor
+
+    # ------------------------------------------------------------------ models
+    def load(self, path: Path):
+        """(model, tokenizer) of a checkpoint folder, reusing the one in memory when it is that folder."""
+        path = Path(path)
+        if self._loaded is not None and self._loaded[0] == path:
+            return self._loaded[1], self._loaded[2]
+        from sirius_train.local.model import load_model
+
+        gguf = self.cfg.model.gguf_file if self.cfg.model.path and path == Path(self.cfg.model.path) else None
+        model, tokenizer = load_model(path, device=self.device, dtype=self.dtype, gguf_file=gguf)
+        self._loaded = (path, model, tokenizer)
+        return model, tokenizer
+
+    def _keep(self, path: Path, model, tokenizer) -> Path:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        self._loaded = (Path(path), model, tokenizer)
+        return Path(path)
+
+    def prepare_base(self, data, out: Path) -> Path:
+        if self.cfg.model.path:
+            return Path(self.cfg.model.path)
+        from data_synthesis.schema import read_schema
+        from sirius_train.local.model import NanoModelConfig, build_nano_model, count_parameters, train_tokenizer
+        from sirius_train.local.sft import answer_text
+
+        m = self.cfg.model
+        fmt = data.prompt_format
+        db_ids = sorted({e.db_id for e in data.sft_pool + data.rl_pool + data.eval_set})
+        schemas = [read_schema(data.db_root / db / f"{db}.sqlite", n_samples=fmt.schema_samples)
+                   .to_text(samples=fmt.schema_samples > 0, style=fmt.schema_style) for db in db_ids]
+        # The tokenizer sees schema text (an input at test time too) and the training questions and SQL only.
+        texts = schemas * 4 + [f"{fmt.system}\n{e.question}\n{answer_text(e.gold_sql)}"
+                               for e in data.sft_pool + data.rl_pool]
+        tokenizer = train_tokenizer(texts, m.tokenizer_vocab)
+        model = build_nano_model(NanoModelConfig(
+            vocab_size=m.tokenizer_vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_attention_heads, max_position_embeddings=m.max_position_embeddings),
+            tokenizer, seed=self.cfg.seed).to(self.device, self.dtype)
+        stderr.print(f"nano model: {count_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)} "
+                     f"(trained on {len(texts)} texts)")
+        return self._keep(out, model, tokenizer)
+
+    # ------------------------------------------------------------------ phases
+    def sft(self, data, init: Path, out: Path):
+        from sirius_train.local.sft import answer_text, train_sft
+        from sirius_train.progress import HFProgressCallback
+
+        model, tokenizer = self.load(init)
+        s = self.cfg.sft
+        pairs = [(self._prompt(e, data), answer_text(e.gold_sql)) for e in data.sft_pool]
+        figures = train_sft(model, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
+                            warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
+                            packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
+                            callbacks=[HFProgressCallback("SFT")], report_to=self.cfg.logging.backends)
+        self.metrics.log({"stage": "sft", "step": figures["sft_steps"], **figures})
+        return self._keep(out / "model", model, tokenizer), figures
+
+    def pass_rates(self, examples, model_path: Path, stage: StageConfig, data, out: Path):
+        from data_synthesis.difficulty import estimate_pass_rates
+        from data_synthesis.samplers import HFSampler
+        from sirius_train.progress import progress_bar
+
+        model, tokenizer = self.load(model_path)
+        sampler = HFSampler(model, tokenizer, batch_size=stage.gen_batch_size)
+        with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k})", len(examples)) as advance:
+            rates = estimate_pass_rates(
+                examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
+                temperature=stage.temperature, top_p=stage.top_p, max_new_tokens=stage.max_new_tokens,
+                seed=self.cfg.seed, batch_size=max(1, stage.gen_batch_size // stage.estimate_k), compare=data.compare,
+                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path), progress=advance,
+                prompt_format=data.prompt_format)
+        return rates, sampler
+
+    def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data, out: Path) -> Path:
+        from sirius_train.progress import progress_bar
+
+        model, tokenizer = self.load(init)
+        items = read_curriculum(curriculum)
+        eval_items = self._eval_items(data)
+
+        def evaluate(m) -> dict:
+            return self._eval(m, tokenizer, eval_items, data, stage.max_new_tokens)
+
+        with progress_bar(f"DAPO {stage.name}", stage.steps) as advance:
+            def show(step: int, row: dict) -> None:
+                advance()
+
+            trainer = DAPOTrainer(model, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
+                                  metrics=self.metrics, seed=self.cfg.seed + index, compare=data.compare,
+                                  evaluate=evaluate if stage.eval_every else None, progress=show)
+            if trainer.resume():
+                stderr.print(f"resumed {stage.name} from step {trainer.step}")
+                advance(trainer.step)
+            trainer.train()
+        return self._keep(out / "model", model, tokenizer)
+
+    def evaluate(self, model_path: Path, data, stage: str) -> dict:
+        model, tokenizer = self.load(model_path)
+        max_new = max([s.max_new_tokens for s in self.cfg.stages] or [96])
+        figures = self._eval(model, tokenizer, self._eval_items(data), data, max_new)
+        self.metrics.log({"stage": stage, "step": -1, "eval": "final", **figures})
+        return figures
+
+    # ------------------------------------------------------------------ helpers
+    def _prompt(self, example, data) -> list[dict]:
+        from data_synthesis.difficulty import prompt_for
+
+        return prompt_for(example, data.db_root, data.prompt_format)
+
+    def _eval_items(self, data) -> list[TrainItem]:
+        return [TrainItem(self._prompt(e, data), e.db_id, e.gold_sql, e.id) for e in data.eval_set]
+
+    def _eval(self, model, tokenizer, items, data, max_new_tokens: int) -> dict:
+        from sirius_train.local.evaluate import evaluate_policy
+
+        return evaluate_policy(model, tokenizer, items, self.executor, compare=data.compare,
+                               max_new_tokens=max_new_tokens)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+        self.metrics.close()

@@ -1,0 +1,189 @@
+"""The two-stage schedule of SPEC section 3, independent of the backend that trains.
+
+    data   -> pool (datasets + synthesis over the train databases), held-out eval set (other databases)
+    model  -> a local checkpoint, or the nano model built on the spot
+    sft    -> supervised warm start (optional)
+    stage k-> pass rates under the current policy -> smoothed curriculum (verl parquet) -> train -> eval
+
+Each phase ends in files: an HF checkpoint folder and a `DONE.json` with its figures. A rerun of the same
+run skips finished phases and resumes the unfinished one from its last checkpoint, so a killed run
+loses at most the steps since that checkpoint. Stage 2 starts from stage 1's weights and re-estimates
+difficulty with them, so what stage 1 solved drops out of its curriculum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
+from data_synthesis.records import Example, read_examples, write_examples
+from sirius_train.config import RunConfig, StageConfig, to_yaml
+from sirius_train.progress import stderr
+
+
+class Backend(Protocol):
+    """What the schedule needs from a trainer; `local.backend.LocalBackend` and `verl_backend` implement it."""
+
+    def prepare_base(self, data: RunData, out: Path) -> Path:
+        """The starting checkpoint (load `model.path`, or build and save the nano model); returns its folder."""
+
+    def sft(self, data: RunData, init: Path, out: Path) -> tuple[Path, dict]:
+        """Supervised warm start from `init`; returns the new checkpoint and its figures."""
+
+    def pass_rates(self, examples: list[Example], model: Path, stage: StageConfig, data: RunData, out: Path
+                   ) -> tuple[dict[str, float], object]:
+        """Pass rates of `examples` under `model` (and the sampler used, for gap filling)."""
+
+    def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data: RunData, out: Path
+                    ) -> Path:
+        """Train one DAPO stage on the curriculum parquet; returns the final checkpoint folder."""
+
+    def evaluate(self, model: Path, data: RunData, stage: str) -> dict:
+        """Held-out execution accuracy of `model` (`eval_exec_acc`, ...)."""
+
+
+@dataclass
+class RunData:
+    db_root: Path
+    sft_pool: list[Example]
+    rl_pool: list[Example]
+    eval_set: list[Example]
+    prompt_format: PromptFormat
+    compare: str
+
+
+def prompt_format(cfg: RunConfig) -> PromptFormat:
+    system = SYSTEM_PROMPT if cfg.data.system_prompt is None else cfg.data.system_prompt
+    return PromptFormat(schema_style=cfg.data.schema_style, schema_samples=cfg.data.schema_samples, system=system)
+
+
+def prepare_data(cfg: RunConfig) -> RunData:
+    """Build (or reload) the pools: written once under `run_dir/data`, so a resumed run trains on the same data."""
+    from data_synthesis.demo_dbs import build_demo_dbs
+    from data_synthesis.sqlgen.rules import RULES
+    from data_synthesis.sqlgen.synthesize import synthesize
+
+    d = cfg.data
+    db_root = Path(d.db_root)
+    train_dbs, eval_dbs = d.all_train_dbs(), d.all_eval_dbs()
+    if d.build_demo_dbs:
+        build_demo_dbs(db_root, db_ids=[*train_dbs, *eval_dbs], seed=0)
+    missing = [db for db in [*train_dbs, *eval_dbs] if not (db_root / db / f"{db}.sqlite").is_file()]
+    if missing:
+        raise FileNotFoundError(f"no database file for {missing} under {db_root} (expected <db_id>/<db_id>.sqlite; "
+                                "set data.db_root, or data.build_demo_dbs=true for the demo databases)")
+    data_dir = cfg.run_dir / "data"
+    files = {name: data_dir / f"{name}.jsonl" for name in ("sft", "rl", "eval")}
+    if not all(f.is_file() for f in files.values()):
+        unknown = set(d.synth_rules) - {r.name for r in RULES}
+        if unknown:
+            raise ValueError(f"data.synth_rules has unknown rule(s) {sorted(unknown)}; known: {[r.name for r in RULES]}")
+        rules = tuple(r for r in RULES if not d.synth_rules or r.name in d.synth_rules)
+
+        def synth(db: str, n: int, seed: int) -> list[Example]:
+            return synthesize(db_root / db / f"{db}.sqlite", n, seed=seed, db_id=db, rules=rules, joins=d.synth_joins)
+
+        pool = [e for db in train_dbs for e in synth(db, d.synth_per_db, cfg.seed)]
+        for path in d.pool_files:
+            pool += read_examples(path)
+        random.Random(cfg.seed).shuffle(pool)
+        n_sft = int(len(pool) * d.sft_share) if cfg.sft.enabled else 0
+        eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000)]
+        for name, rows in (("sft", pool[:n_sft]), ("rl", pool[n_sft:]), ("eval", eval_set)):
+            write_examples(files[name], rows)
+    return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), read_examples(files["eval"]),
+                   prompt_format(cfg), d.compare)
+
+
+def _done(phase_dir: Path) -> dict | None:
+    marker = phase_dir / "DONE.json"
+    return json.loads(marker.read_text()) if marker.is_file() else None
+
+
+def _mark_done(phase_dir: Path, info: dict) -> None:
+    phase_dir.mkdir(parents=True, exist_ok=True)
+    tmp = phase_dir / "DONE.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, phase_dir / "DONE.json")
+
+
+def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
+    """Run (or resume) the schedule -- or only its warm start -- and return the summary (`run_dir/summary.json`)."""
+    from data_synthesis.curriculum import MutationFiller, build_curriculum
+    from data_synthesis.export import write_stage
+    from data_synthesis.smoothing import SmoothingConfig
+
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    t_start = time.monotonic()
+    data = prepare_data(cfg)
+    stderr.print(f"[bold]run[/] {run_dir}: {len(data.sft_pool)} SFT / {len(data.rl_pool)} RL examples on "
+                 f"{len(cfg.data.all_train_dbs())} databases; {len(data.eval_set)} held-out questions on "
+                 f"{len(cfg.data.all_eval_dbs())} other databases")
+    summary = {"run": str(run_dir), "phases": []}
+
+    base_dir = run_dir / "base"
+    if (info := _done(base_dir)) is None:
+        info = {"phase": "base", "model": str(backend.prepare_base(data, base_dir / "model"))}
+        _mark_done(base_dir, info)
+    model = Path(info["model"])
+
+    if cfg.sft.enabled:
+        sft_dir = run_dir / "sft"
+        if (info := _done(sft_dir)) is None:
+            t0 = time.monotonic()
+            model, figures = backend.sft(data, model, sft_dir)
+            figures.update(backend.evaluate(model, data, "sft"))
+            info = {"phase": "sft", "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
+            _mark_done(sft_dir, info)
+        model = Path(info["model"])
+        summary["phases"].append(info)
+        stderr.print(f"after SFT: held-out EX = {info['eval_exec_acc']:.1%}")
+
+    for index, stage in enumerate([] if sft_only else cfg.stages, start=1):
+        stage_dir = run_dir / f"stage{index}"
+        if (info := _done(stage_dir)) is None:
+            t0 = time.monotonic()
+            rates, sampler = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
+            smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
+                                        keep_zero_share=stage.keep_zero_share)
+            filler = None
+            if stage.fill_bins:
+                filler = MutationFiller(data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
+                                        cache_path=stage_dir / "fill.cache.jsonl", temperature=stage.temperature,
+                                        top_p=stage.top_p, max_new_tokens=stage.max_new_tokens, compare=data.compare,
+                                        prompt_format=data.prompt_format, policy=str(model))
+            curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing, seed=cfg.seed + index,
+                                          filler=filler)
+            paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,
+                                compare=data.compare, prompt_format=data.prompt_format)
+            pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
+            t_curriculum = time.monotonic() - t0
+            model_out = backend.train_stage(index, stage, paths["parquet"], model, data, stage_dir)
+            figures = backend.evaluate(model_out, data, stage.name)
+            info = {"phase": stage.name, "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
+                    "curriculum_seconds": round(t_curriculum, 1), "curriculum": str(paths["parquet"]),
+                    "pool_mean_pass_rate": sum(pool_rates) / max(len(pool_rates), 1),
+                    "curriculum_report": curriculum.report, **figures}
+            _mark_done(stage_dir, info)
+        model = Path(info["model"])
+        summary["phases"].append(info)
+        stderr.print(f"after {info['phase']}: held-out EX = {info['eval_exec_acc']:.1%}")
+
+    summary["final_model"] = str(model)
+    summary["eval_exec_acc"] = {p["phase"]: p["eval_exec_acc"] for p in summary["phases"]}
+    summary["wall_seconds_this_invocation"] = round(time.monotonic() - t_start, 1)
+    summary["config"] = asdict(cfg)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if cfg.logging.plots:
+        from sirius_train.plots import plot_run
+
+        plot_run(run_dir)
+    return summary
