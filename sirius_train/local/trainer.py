@@ -269,7 +269,7 @@ class DAPOTrainer:
                     (pg_loss - coef * entropy_term).backward()
                     w = float(mask[idx].sum())
                     weights += w
-                    m["actor/pg_loss"] = float(pg_loss) * float(mb_tokens) / max(w, 1.0)
+                    m["actor/pg_loss"] = pg_loss.item() * float(mb_tokens) / max(w, 1.0)
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * w
                 grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)))
