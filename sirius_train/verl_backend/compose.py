@@ -39,6 +39,7 @@ def compose_verl_config(overrides: list[str]):
 
 def _check_with_verl(cfg) -> None:
     """verl's own start-up checks (main_ppo runs the first; the workers build the dataclasses)."""
+    from hydra.errors import HydraException
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -49,7 +50,7 @@ def _check_with_verl(cfg) -> None:
         for section in (cfg.algorithm, cfg.actor_rollout_ref.rollout):
             omega_conf_to_dataclass(section)
         resolve_reward_manager_cls(cfg)  # the reward loop's lookup (verl's RewardManagerConfig cannot be built alone)
-    except (AssertionError, ValueError, TypeError, KeyError) as e:
+    except (AssertionError, ValueError, TypeError, KeyError, HydraException) as e:  # hydra wraps dataclass errors
         raise ConfigError(f"verl rejects this configuration: {str(e).strip()}".replace("\n", " ")) from None
 
 

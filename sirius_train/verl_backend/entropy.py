@@ -82,13 +82,30 @@ class GatedEntropyTrainer(PPOTrainerSync):
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
-        path = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}" / GATE_STATE_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.gate.state_dict()))
-        os.replace(tmp, path)
+        save_gate_state(self.gate, self._step_dir())
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        path = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}" / GATE_STATE_FILE
-        if self.global_steps and path.is_file():
-            self.gate.load_state_dict(json.loads(path.read_text()))
+        if self.global_steps:
+            load_gate_state(self.gate, self._step_dir())
+
+    def _step_dir(self) -> Path:
+        return Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+
+
+def save_gate_state(gate: EntropyGate, step_dir: Path) -> None:
+    """c_k and the step count beside verl's checkpoint of the same step (atomically)."""
+    path = Path(step_dir) / GATE_STATE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(gate.state_dict()))
+    os.replace(tmp, path)
+
+
+def load_gate_state(gate: EntropyGate, step_dir: Path) -> bool:
+    """Restore the gate saved with a verl checkpoint; False when that checkpoint has none (gate starts at c_0)."""
+    path = Path(step_dir) / GATE_STATE_FILE
+    if not path.is_file():
+        return False
+    gate.load_state_dict(json.loads(path.read_text()))
+    return True

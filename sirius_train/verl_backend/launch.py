@@ -66,8 +66,8 @@ def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Ca
             proc.wait()
             raise
     if code != 0:
-        raise RuntimeError(f"{argv[2] if len(argv) > 2 else argv[0]} exited with code {code} "
-                           f"(full log: {log_path}); last lines:\n{''.join(tail)}")
+        what = argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name
+        raise RuntimeError(f"{what} exited with code {code} (full log: {log_path}); last lines:\n{''.join(tail)}")
 
 
 def latest_actor_checkpoint(checkpoint_dir: Path) -> Path:
