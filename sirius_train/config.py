@@ -155,7 +155,7 @@ class VerlConfig:
     n_gpus_per_node: int = 8
     python: str | None = None  # interpreter for verl and its Ray workers (None: the one running sirius)
     checkpoint_dir: str | None = None  # verl's sharded checkpoints (weights + AdamW: ~16 bytes/param); None: run_dir
-    ray_address: str | None = None  # a running cluster (scripts/ray_head.sh); None: verl starts a local Ray
+    ray_address: str | None = None  # a running cluster (scripts/ray_node.sh head); None: verl starts a local Ray
     # training engine (FSDP)
     strategy: str = "fsdp2"  # fsdp | fsdp2
     param_offload: bool = False  # FSDP parameters to CPU between uses (needed from ~32B on 80 GB GPUs)
@@ -262,7 +262,7 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
         bad("verl.gpu_memory_utilization", v.gpu_memory_utilization, "a share in (0, 1]")
     if v.max_prompt_length < 1 or v.reward_workers < 1:
         bad("verl.max_prompt_length", v.max_prompt_length, "max_prompt_length and reward_workers must be >= 1")
-    malformed = [o for o in v.overrides if "=" not in o.lstrip("+~")]
+    malformed = [o for o in v.overrides if "=" not in o and not o.startswith("~")]  # ~key deletes a key
     if malformed:
         bad("verl.overrides", malformed, "each override looks like key=value (verl's Hydra syntax)")
     if cfg.backend != "verl":

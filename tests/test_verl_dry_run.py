@@ -51,7 +51,8 @@ def test_cluster_recipes_are_what_they_say():
     assert big.trainer.nnodes * big.trainer.n_gpus_per_node == 32
     assert big.actor_rollout_ref.rollout.tensor_model_parallel_size == 4
     assert big.actor_rollout_ref.actor.strategy == "fsdp2"
-    assert big.actor_rollout_ref.actor.fsdp_config.param_offload and big.actor_rollout_ref.actor.fsdp_config.optimizer_offload
+    fsdp = big.actor_rollout_ref.actor.fsdp_config
+    assert fsdp.param_offload and fsdp.optimizer_offload
     small = compose_verl_config(plan_run(load_config(CONFIGS / "qwen7b_8gpu.yaml"))[0].overrides)
     assert (small.trainer.nnodes, small.trainer.n_gpus_per_node) == (1, 8)
     assert small.reward.custom_reward_function.reward_kwargs.reward_url == "http://127.0.0.1:8000"

@@ -157,7 +157,8 @@ def test_driver_sends_the_gate_coefficient_and_steps_the_gate(verl_config, nano,
         coefs.append(trainer.gate.coefficient())
         trainer._update_actor(KVBatchMeta(keys=["a"], tags=[{}], partition_id="train"), metrics)
         sent.append(trainer.actor_rollout_wg.sent[-1])
-        assert metrics["actor/entropy_coef"] == coefs[-1] and metrics["actor/entropy_gate_open"] == float(entropy < target)
+        assert metrics["actor/entropy_coef"] == coefs[-1]
+        assert metrics["actor/entropy_gate_open"] == float(entropy < target)
         assert metrics["perf/mfu/actor"] == 0.5  # verl's own post-processing ran
     assert coefs == pytest.approx([0.004, 0.004 + delta, 0.004 + 2 * delta, 0.004 + delta])
     assert [s[ENTROPY_COEF_KEY] for s in sent] == pytest.approx([coefs[0], coefs[1], 0.0, coefs[3]])

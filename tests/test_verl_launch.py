@@ -68,7 +68,8 @@ def test_run_logged_counts_steps_and_keeps_the_log(tmp_path):
 
 def test_a_failed_run_raises_with_the_tail_and_the_log_path(tmp_path):
     code = "import sys\nprint('ValueError: Total available GPUs 0 is less than total desired GPUs 8')\nsys.exit(3)"
-    with pytest.raises(RuntimeError, match=r"(?s)python\S* exited with code 3 \(full log: .*verl.log\).*Total available GPUs 0"):
+    expected = r"(?s)python\S* exited with code 3 \(full log: .*verl.log\).*Total available GPUs 0"
+    with pytest.raises(RuntimeError, match=expected):
         run_logged([sys.executable, "-c", code], verl_env(str(ROOT), None), tmp_path / "verl.log")
 
 

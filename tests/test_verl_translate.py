@@ -73,7 +73,8 @@ def test_stage_two_gets_its_own_lengths():
 
 
 def test_no_stale_key_is_ever_emitted():
-    for extra in ([], ["reward.url=http://127.0.0.1:8000"], ["stages.0.entropy.mode=fixed", "stages.0.entropy.coef=0.001"],
+    for extra in ([], ["reward.url=http://127.0.0.1:8000"],
+                  ["stages.0.entropy.mode=fixed", "stages.0.entropy.coef=0.001"],
                   ["verl.use_dynamic_bsz=false", "logging.backends=[tensorboard]", "verl.python=/opt/py/bin/python"]):
         items = [f"{k}={v}" for k, v in _overrides(*extra).items()]
         check_overrides(items)
@@ -129,7 +130,7 @@ def test_a_custom_reward_table_is_refused_with_the_fix():
 
 
 @pytest.mark.parametrize("override, match", [
-    ("custom_reward_function.path=/x.py", r"stale verl key 'custom_reward_function.path'.*reward.custom_reward_function"),
+    ("custom_reward_function.path=/x.py", r"stale verl key 'custom_reward_function.path'.*reward.custom_reward_"),
     ("reward_model.reward_manager=dapo", r"stale verl key 'reward_model.reward_manager'.*reward.reward_manager.name"),
     ("actor_rollout_ref.actor.grad_clip=0.5", r"stale.*optim.clip_grad"),
     ("algorithm.filter_groups.max_num_gen_batches=10", r"stale.*max_inflight_gen_batches"),
@@ -145,7 +146,7 @@ def test_check_overrides_rejects_with_the_key_and_the_fix(override, match):
 
 def test_check_overrides_accepts_open_maps():
     check_overrides(["+ray_kwargs.ray_init.runtime_env.env_vars.NCCL_DEBUG=INFO",
-                     "+actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2DecoderLayer]",
+                     "+actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap=[Qwen2Layer]",
                      "+reward.custom_reward_function.reward_kwargs.reward_token=abc"])
 
 

@@ -95,7 +95,14 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             print_verl_plan(cfg)
             return
-        print_summary(run_schedule(cfg))
+        from sirius_train.config import ConfigError
+
+        try:
+            summary = run_schedule(cfg)
+        except ConfigError as e:  # e.g. the verl backend refusing a key before it launches anything
+            stderr.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from None
+        print_summary(summary)
 
     @app.command()
     def sft(

@@ -105,6 +105,8 @@ class VerlBackend:
 
     def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data, out: Path) -> Path:
         """Launch verl on the curriculum, wait, merge its last checkpoint; returns the HF folder `out/model`."""
+        from omegaconf import OmegaConf
+
         from data_synthesis.export import write_verl_parquet
         from sirius_train.progress import progress_bar
         from sirius_train.verl_backend.compose import compose_verl_config
@@ -119,8 +121,6 @@ class VerlBackend:
                                prompt_format=data.prompt_format)
         plan = plan_stage(self.cfg, index, stage, curriculum, init, out, eval_parquet)
         resolved = compose_verl_config(plan.overrides)  # a bad key fails here, not minutes into a cluster job
-        from omegaconf import OmegaConf
-
         out.mkdir(parents=True, exist_ok=True)
         (out / "verl_config.yaml").write_text(OmegaConf.to_yaml(resolved))
         (out / "verl_command.sh").write_text(plan.shell() + "\n")
@@ -172,7 +172,7 @@ def _check_rows(curriculum: Path, stage: StageConfig) -> None:
 
     rows = pq.read_metadata(curriculum).num_rows
     if rows < stage.prompts_per_step:
-        raise ConfigError(f"{curriculum} has {rows} prompts but stages.{stage.name}.prompts_per_step is "
+        raise ConfigError(f"{curriculum} has {rows} prompts but stage {stage.name!r} has prompts_per_step="
                           f"{stage.prompts_per_step}: verl drops incomplete batches, so nothing would train; "
                           "raise the stage budget or lower prompts_per_step")
 

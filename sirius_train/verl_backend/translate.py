@@ -33,14 +33,15 @@ EXTERNAL_MODULE = "sirius_train.verl_backend.entropy"
 # key to use instead. Matched as a prefix of the override's key.
 STALE_KEYS: dict[str, str] = {
     "custom_reward_function": "reward.custom_reward_function",
-    "reward_model": "reward.reward_manager.name / reward.reward_model.* / reward.reward_kwargs",
+    "reward_model": "the reward.* section (reward.reward_manager.name, reward.reward_model, reward.reward_kwargs)",
     "sandbox_fusion": "reward.sandbox_fusion",
     "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad (the FSDP engine reads only that)",
     "actor_rollout_ref.actor.optim.warmup_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
     "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size":
         "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "algorithm.filter_groups.max_num_gen_batches":
         "algorithm.filter_groups.max_inflight_gen_batches (the V1 trainer ignores max_num_gen_batches)",
@@ -166,8 +167,8 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         # every Ray worker imports our code: the reward function, and the gated trainer when it is used
         ("+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH", paths.pythonpath),
         ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", paths.metrics),
-        *([("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR", str(PurePath(paths.metrics).parent / "tensorboard"))]
-          if "tensorboard" in cfg.logging.backends else []),
+        *([("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR",
+             str(PurePath(paths.metrics).parent / "tensorboard"))] if "tensorboard" in cfg.logging.backends else []),
         *([("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", EXTERNAL_MODULE)]
           if stage.entropy.mode == "adaptive" else []),
         *([("ray_kwargs.ray_init.runtime_env.py_executable", v.python)] if v.python else []),
@@ -182,7 +183,7 @@ def check_overrides(overrides: list[str]) -> None:
     >>> check_overrides(["reward_model.reward_manager=dapo"])
     Traceback (most recent call last):
     ...
-    sirius_train.config.ConfigError: stale verl key 'reward_model.reward_manager': verl 0.9 no longer reads it; use reward.reward_manager.name / reward.reward_model.* / reward.reward_kwargs
+    sirius_train.config.ConfigError: stale verl key 'reward_model.reward_manager': verl 0.9 no longer reads it; ...
     """
     for override in overrides:
         key = override.split("=", 1)[0]
