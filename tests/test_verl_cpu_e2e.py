@@ -78,7 +78,9 @@ def test_backend_launches_verl_which_stops_at_its_gpu_check(stage_inputs):
     assert (cfg.run_dir / "data" / "eval.parquet").is_file()
     assert "clip_ratio_c: 10.0" in (stage_dir / "verl_config.yaml").read_text()
     assert (stage_dir / "verl_command.sh").read_text().startswith(f"{sys.executable} -m verl.trainer.main_ppo ")
-    assert "ray init kwargs" in (stage_dir / "verl.log").read_text()  # verl itself ran
+    log = (stage_dir / "verl.log").read_text()
+    assert "ray init kwargs" in log  # verl itself ran, and its TaskRunner (a Ray worker) built our gated trainer:
+    assert "sirius_train/verl_backend/entropy.py" in log and "in _setup" in log
     assert not (stage_dir / "model").exists()
 
 

@@ -147,10 +147,15 @@ class VerlBackend:
         self.local.close()
 
     def _free_gpu(self) -> None:
-        """verl needs every GPU of this node: drop the model LocalBackend keeps in memory between phases."""
+        """verl needs every GPU of this node: move off the GPU the model LocalBackend keeps between phases.
+
+        Moved, not only dropped: the schedule still holds the pass-rate sampler, which references it.
+        """
         import torch
 
-        self.local._loaded = None  # LocalBackend has no public unload
+        if self.local._loaded is not None:  # LocalBackend has no public unload
+            self.local._loaded[1].to("cpu")
+            self.local._loaded = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
