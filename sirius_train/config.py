@@ -144,6 +144,42 @@ class LoggingConfig:
 
 
 @dataclass
+class VerlConfig:
+    """Cluster shape and engine knobs for `backend: verl`; `verl_backend.translate` maps them onto verl's keys.
+
+    The algorithm (clip ratios, group size, lengths, entropy gate, learning rate) stays in `stages`; this
+    section only says how to lay it out on GPUs. Paths must be the same on every node.
+    """
+
+    nnodes: int = 1
+    n_gpus_per_node: int = 8
+    python: str | None = None  # interpreter for verl and its Ray workers (None: the one running sirius)
+    checkpoint_dir: str | None = None  # verl's sharded checkpoints (weights + AdamW: ~16 bytes/param); None: run_dir
+    ray_address: str | None = None  # a running cluster (scripts/ray_node.sh head); None: verl starts a local Ray
+    # training engine (FSDP)
+    strategy: str = "fsdp2"  # fsdp | fsdp2
+    param_offload: bool = False  # FSDP parameters to CPU between uses (needed from ~32B on 80 GB GPUs)
+    optimizer_offload: bool = False  # AdamW state to CPU
+    gradient_checkpointing: bool = True
+    use_remove_padding: bool = True
+    use_dynamic_bsz: bool = True  # pack micro-batches by token count (ppo_max_token_len_per_gpu)
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_micro_batch_size_per_gpu: int = 4  # used when use_dynamic_bsz is false
+    log_prob_micro_batch_size_per_gpu: int = 8  # used when use_dynamic_bsz is false
+    # rollout engine
+    rollout_engine: str = "vllm"  # vllm | sglang
+    rollout_tp: int = 1  # tensor-parallel GPUs per rollout replica
+    gpu_memory_utilization: float = 0.6  # share of each GPU the rollout engine may take (weights + KV cache)
+    max_num_batched_tokens: int = 8192
+    enforce_eager: bool = False  # True skips CUDA graphs (less memory, slower decoding)
+    # data and bookkeeping
+    max_prompt_length: int = 2048  # tokens; longer prompts are filtered out of the curriculum
+    reward_workers: int = 8  # verl reward-loop workers (each calls rewards.verl_reward)
+    val_before_train: bool = False
+    overrides: list[str] = field(default_factory=list)  # extra raw verl overrides, appended last (validated)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 0
@@ -157,6 +193,7 @@ class RunConfig:
     stages: list[StageConfig] = field(default_factory=lambda: [StageConfig(name="stage1"), StageConfig(name="stage2")])
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    verl: VerlConfig = field(default_factory=VerlConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -202,10 +239,41 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.steps", s.steps, "steps and budget must be >= 1")
         if not 0 <= s.keep_zero_share < 1:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
+    _validate_verl(cfg, bad)
     for backend in cfg.logging.backends:
         if backend not in ("wandb", "tensorboard"):
             bad("logging.backends", cfg.logging.backends, "allowed: wandb, tensorboard")
     return cfg
+
+
+def _validate_verl(cfg: RunConfig, bad) -> None:
+    """The `verl` section's own rules, and the stage shapes verl needs when it is the backend."""
+    v = cfg.verl
+    if v.nnodes < 1 or v.n_gpus_per_node < 1:
+        bad("verl.nnodes", (v.nnodes, v.n_gpus_per_node), "need nnodes >= 1 and n_gpus_per_node >= 1")
+    if v.strategy not in ("fsdp", "fsdp2"):
+        bad("verl.strategy", v.strategy, "use 'fsdp2' (recommended) or 'fsdp'")
+    if v.rollout_engine not in ("vllm", "sglang"):
+        bad("verl.rollout_engine", v.rollout_engine, "use 'vllm' or 'sglang' (the rollout engines of verl 0.9)")
+    n_gpus = v.nnodes * v.n_gpus_per_node
+    if v.rollout_tp < 1 or n_gpus % v.rollout_tp:
+        bad("verl.rollout_tp", v.rollout_tp, f"must divide the {n_gpus} GPUs (nnodes * n_gpus_per_node)")
+    if not 0 < v.gpu_memory_utilization <= 1:
+        bad("verl.gpu_memory_utilization", v.gpu_memory_utilization, "a share in (0, 1]")
+    if v.max_prompt_length < 1 or v.reward_workers < 1:
+        bad("verl.max_prompt_length", v.max_prompt_length, "max_prompt_length and reward_workers must be >= 1")
+    malformed = [o for o in v.overrides if "=" not in o and not o.startswith("~")]  # ~key deletes a key
+    if malformed:
+        bad("verl.overrides", malformed, "each override looks like key=value (verl's Hydra syntax)")
+    if cfg.backend != "verl":
+        return
+    for i, s in enumerate(cfg.stages):
+        if s.prompts_per_step % s.mini_batches:
+            bad(f"stages.{i}.mini_batches", s.mini_batches, f"verl splits prompts_per_step ({s.prompts_per_step}) "
+                "into mini-batches of whole prompt groups: pick a divisor of prompts_per_step")
+        if (s.prompts_per_step * s.n_samples) % n_gpus:
+            bad(f"stages.{i}.prompts_per_step", s.prompts_per_step, f"verl needs prompts_per_step * n_samples "
+                f"({s.prompts_per_step * s.n_samples}) divisible by the {n_gpus} GPUs")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

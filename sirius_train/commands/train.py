@@ -37,6 +37,37 @@ def run_schedule(cfg, sft_only: bool = False) -> dict:
         backend.close()
 
 
+def print_verl_plan(cfg) -> None:
+    """Each stage's exact verl command and resolved config on stdout; a key verl would not read is an error."""
+    from sirius_train.config import ConfigError
+
+    if cfg.backend != "verl":
+        stderr.print("[red]error:[/] --dry-run shows the verl jobs of a run: add --backend verl (or backend: verl)")
+        raise typer.Exit(2)
+    try:
+        from omegaconf import OmegaConf
+
+        from sirius_train.verl_backend import plan_run
+        from sirius_train.verl_backend.compose import compose_verl_config
+
+        for index, plan in enumerate(plan_run(cfg), start=1):
+            resolved = compose_verl_config(plan.overrides)
+            typer.echo(f"# ---- stage {index}: {plan.name} -- command\n{_multiline(plan.argv)}\n")
+            typer.echo(f"# ---- stage {index}: {plan.name} -- resolved verl config\n{OmegaConf.to_yaml(resolved)}")
+    except (ConfigError, ImportError) as e:
+        stderr.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from None
+    stderr.print(f"[green]ok:[/] {len(cfg.stages)} stage(s) compose with verl's own config; model and data paths "
+                 "are not opened by a dry run")
+
+
+def _multiline(argv: list[str]) -> str:
+    """A copy-pasteable shell command, one override per line."""
+    import shlex
+
+    return " \\\n    ".join([shlex.join(argv[:3]), *(shlex.quote(a) for a in argv[3:])])
+
+
 def print_summary(summary: dict) -> None:
     from rich.table import Table
 
@@ -56,10 +87,22 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b.yaml, ...)"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. stages.0.steps=10 seed=1"),
         backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="verl: print each stage's command and resolved "
+                                     "verl config, validated against the installed verl; run nothing"),
     ):
         """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
         cfg = _load(config, overrides, backend=backend)
-        print_summary(run_schedule(cfg))
+        if dry_run:
+            print_verl_plan(cfg)
+            return
+        from sirius_train.config import ConfigError
+
+        try:
+            summary = run_schedule(cfg)
+        except ConfigError as e:  # e.g. the verl backend refusing a key before it launches anything
+            stderr.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2) from None
+        print_summary(summary)
 
     @app.command()
     def sft(

@@ -1,0 +1,93 @@
+"""Processes: run `python -m verl.trainer.main_ppo` for a stage, then merge its last checkpoint to HF weights.
+
+verl runs in a child process (it owns Ray, the GPUs and its own signal handling); its whole output goes
+to a log file and the step counter drives a progress bar. A failure raises with the log's tail, so the
+reason is on the screen, not only in the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from sirius_train.verl_backend.translate import VERL_ENTRY
+
+STEP_LINE = re.compile(r"\bstep:(\d+)\s+-")  # verl's console logger: "step:3 - actor/entropy:0.71 - ..."
+
+
+def verl_command(python: str | None, overrides: list[str]) -> list[str]:
+    """argv of a verl training run.
+
+    >>> verl_command("/opt/py/bin/python", ["trainer.nnodes=2"])
+    ['/opt/py/bin/python', '-m', 'verl.trainer.main_ppo', 'trainer.nnodes=2']
+    """
+    return [python or sys.executable, "-m", VERL_ENTRY, *overrides]
+
+
+def merge_command(python: str | None, actor_dir: Path, target_dir: Path) -> list[str]:
+    """argv of verl's FSDP checkpoint -> Hugging Face folder conversion (`verl.model_merger`)."""
+    return [python or sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+            "--local_dir", str(actor_dir), "--target_dir", str(target_dir)]
+
+
+def verl_env(pythonpath: str, ray_address: str | None) -> dict[str, str]:
+    """This process's environment plus our code on PYTHONPATH and the cluster to join."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    return env
+
+
+def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Callable[[int], None] | None = None
+               ) -> None:
+    """Run `argv`, appending its output to `log_path`; `on_step(n)` on each verl step line; raise on failure."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=40)
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace")
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line)
+                if on_step and (match := STEP_LINE.search(line)):
+                    on_step(int(match.group(1)))
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: stop verl too (it stops its Ray workers), then re-raise
+            proc.terminate()
+            proc.wait()
+            raise
+    if code != 0:
+        what = argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name
+        raise RuntimeError(f"{what} exited with code {code} (full log: {log_path}); last lines:\n{''.join(tail)}")
+
+
+def latest_actor_checkpoint(checkpoint_dir: Path) -> Path:
+    """The actor folder of the newest checkpoint verl recorded under `checkpoint_dir`."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    step_dir = find_latest_ckpt_path(str(checkpoint_dir))
+    if step_dir is None or not (Path(step_dir) / "actor").is_dir():
+        raise FileNotFoundError(f"no verl checkpoint under {checkpoint_dir} (latest_checkpointed_iteration.txt "
+                                "missing): the stage ended before its first save")
+    return Path(step_dir) / "actor"
+
+
+def merge_to_hf(python: str | None, actor_dir: Path, target_dir: Path, env: dict[str, str], log_path: Path) -> Path:
+    """Merge FSDP shards into an HF folder (weights, config, tokenizer); skipped when already merged."""
+    if (target_dir / "config.json").is_file():
+        return target_dir
+    partial = target_dir.with_name(target_dir.name + ".partial")
+    run_logged(merge_command(python, actor_dir, partial), env, log_path)
+    if not (partial / "config.json").is_file():
+        raise RuntimeError(f"verl.model_merger wrote no config.json into {partial} (see {log_path})")
+    os.replace(partial, target_dir)
+    return target_dir

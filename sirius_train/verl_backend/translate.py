@@ -1,0 +1,280 @@
+"""Run config -> verl overrides for one DAPO stage, in verl 0.9's current keys (pure: no I/O, no verl import).
+
+What each part of SPEC section 3 becomes in `python -m verl.trainer.main_ppo`:
+
+    group advantages, no KL       algorithm.adv_estimator=grpo, use_kl_in_reward=false, actor.use_kl_loss=false
+    clip-higher + dual clip       actor.clip_ratio_low / clip_ratio_high / clip_ratio_c (verl defaults 0.2/3.0!)
+    token-mean over the batch     actor.loss_agg_mode=token-mean, policy_loss.loss_mode=vanilla
+    dynamic sampling on accuracy  algorithm.filter_groups.{enable, metric=acc, max_inflight_gen_batches}
+    overlong shaping              reward.reward_manager.name=dapo + reward.reward_kwargs.overlong_buffer_cfg
+    execution reward              reward.custom_reward_function -> rewards/verl_reward.py::compute_score
+    entropy gate                  fixed/off: actor.entropy_coeff; adaptive: our trainer (see `entropy.py`)
+
+Old spellings (`custom_reward_function.*`, `reward_model.reward_manager`, `actor.grad_clip`,
+`filter_groups.max_num_gen_batches`, ...) still parse in verl 0.9 but are migrated or ignored; they are
+never emitted here, and `check_overrides` rejects them in user overrides with the current name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePath
+
+from rewards.reward import RewardTable
+from sirius_train.config import ConfigError, RunConfig, StageConfig
+
+VERL_ENTRY = "verl.trainer.main_ppo"
+# Registered in verl's trainer registry by `entropy.py`, which verl imports from VERL_USE_EXTERNAL_MODULES.
+GATED_TRAINER = "sirius_dapo"
+EXTERNAL_MODULE = "sirius_train.verl_backend.entropy"
+
+# Keys verl 0.9.1 still accepts but no longer reads (or reads only through a legacy migration), with the
+# key to use instead. Matched as a prefix of the override's key.
+STALE_KEYS: dict[str, str] = {
+    "custom_reward_function": "reward.custom_reward_function",
+    "reward_model": "the reward.* section (reward.reward_manager.name, reward.reward_model, reward.reward_kwargs)",
+    "sandbox_fusion": "reward.sandbox_fusion",
+    "actor_rollout_ref.actor.grad_clip": "actor_rollout_ref.actor.optim.clip_grad (the FSDP engine reads only that)",
+    "actor_rollout_ref.actor.optim.warmup_style": "actor_rollout_ref.actor.optim.lr_scheduler_type",
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size":
+        "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "algorithm.filter_groups.max_num_gen_batches":
+        "algorithm.filter_groups.max_inflight_gen_batches (the V1 trainer ignores max_num_gen_batches)",
+    "data.gen_batch_size": "nothing: with filter_groups on, the V1 trainer forces it to 1",
+    "data.val_batch_size": "nothing: validation is sent to the rollout engine as one batch",
+    "trainer.use_v1": "nothing: main_ppo's V1 trainer is the current one (the legacy trainer is deprecated)",
+}
+
+# New keys (`+key=value`) are only allowed where a reader is known; their leaves are checked too, because
+# Hydra accepts any `+key` silently and a misspelt one would simply be ignored.
+OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
+    # read by verl's DAPORewardManager
+    "reward.reward_kwargs": ("overlong_buffer_cfg.enable", "overlong_buffer_cfg.len",
+                             "overlong_buffer_cfg.penalty_factor", "overlong_buffer_cfg.log", "max_resp_len"),
+    # passed to rewards.verl_reward.compute_score
+    "reward.custom_reward_function.reward_kwargs": ("reward_url", "reward_token", "reward_timeout_s", "db_root",
+                                                    "timeout_s", "compare"),
+    # read by our gated trainer (entropy.py)
+    "sirius.entropy": ("target", "delta", "coef_max", "coef"),
+    # environment of every Ray worker (any variable)
+    "ray_kwargs.ray_init.runtime_env.env_vars": None,
+    # FSDP wrapping by layer class (verl's recipes set it this way)
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("transformer_layer_cls_to_wrap",),
+    # engine arguments passed through to vLLM / SGLang as they are
+    "actor_rollout_ref.rollout.engine_kwargs.vllm": None,
+    "actor_rollout_ref.rollout.engine_kwargs.sglang": None,
+}
+
+
+@dataclass(frozen=True)
+class StagePaths:
+    """Where one stage's inputs and outputs live (absolute, and the same on every node)."""
+
+    train_files: str  # the stage's curriculum parquet
+    val_files: str  # held-out questions as verl parquet
+    model: str  # HF checkpoint folder the stage starts from
+    checkpoints: str  # trainer.default_local_dir: verl's sharded checkpoints
+    reward_fn: str  # rewards/verl_reward.py
+    db_root: str  # databases, for in-process scoring
+    pythonpath: str  # the project root, so Ray workers import rewards/ and sirius_train/
+    metrics: str  # verl's file logger writes the step metrics here (JSONL)
+
+
+def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: StagePaths) -> list[str]:
+    """The `key=value` overrides that make `python -m verl.trainer.main_ppo` train stage `index` (1-based).
+
+    The user's `verl.overrides` come last, so they win; `check_overrides` has vetted them.
+    """
+    _check_reward_table(cfg)
+    v = cfg.verl
+    items: list[tuple[str, object]] = [
+        # data: the curriculum and the held-out set, verl layout (data_synthesis.export)
+        ("data.train_files", paths.train_files),
+        ("data.val_files", paths.val_files),
+        ("data.train_batch_size", stage.prompts_per_step),
+        ("data.max_prompt_length", v.max_prompt_length),
+        ("data.max_response_length", stage.max_new_tokens),
+        ("data.filter_overlong_prompts", True),
+        ("data.seed", cfg.seed + index),
+        # model and FSDP training engine
+        ("actor_rollout_ref.model.path", paths.model),
+        ("actor_rollout_ref.model.use_remove_padding", v.use_remove_padding),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing", v.gradient_checkpointing),
+        ("actor_rollout_ref.actor.strategy", v.strategy),
+        ("actor_rollout_ref.actor.fsdp_config.param_offload", v.param_offload),
+        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", v.optimizer_offload),
+        ("actor_rollout_ref.actor.optim.lr", stage.lr),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps", stage.warmup_steps),
+        ("actor_rollout_ref.actor.optim.weight_decay", stage.weight_decay),
+        ("actor_rollout_ref.actor.optim.clip_grad", stage.grad_clip),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", stage.prompts_per_step // stage.mini_batches),
+        ("actor_rollout_ref.actor.ppo_epochs", stage.ppo_epochs),
+        ("actor_rollout_ref.actor.use_dynamic_bsz", v.use_dynamic_bsz),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", v.ppo_max_token_len_per_gpu),
+        *_micro_batches(v),
+        # DAPO loss: clip-higher, dual clip, token-mean, no KL (verl's defaults differ: set every one)
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanilla"),
+        ("actor_rollout_ref.actor.clip_ratio_low", stage.clip_low),
+        ("actor_rollout_ref.actor.clip_ratio_high", stage.clip_high),
+        ("actor_rollout_ref.actor.clip_ratio_c", stage.clip_c),
+        ("actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+        ("actor_rollout_ref.actor.use_kl_loss", False),
+        ("actor_rollout_ref.actor.kl_loss_coef", 0.0),
+        *_entropy(stage),
+        # rollouts
+        ("actor_rollout_ref.rollout.name", v.rollout_engine),
+        ("actor_rollout_ref.rollout.n", stage.n_samples),
+        ("actor_rollout_ref.rollout.temperature", stage.temperature),
+        ("actor_rollout_ref.rollout.top_p", stage.top_p),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", v.rollout_tp),
+        ("actor_rollout_ref.rollout.gpu_memory_utilization", v.gpu_memory_utilization),
+        ("actor_rollout_ref.rollout.max_num_batched_tokens", v.max_num_batched_tokens),
+        ("actor_rollout_ref.rollout.enforce_eager", v.enforce_eager),
+        # advantages and dynamic sampling
+        ("algorithm.adv_estimator", "grpo"),
+        ("algorithm.norm_adv_by_std_in_grpo", True),
+        ("algorithm.use_kl_in_reward", False),
+        ("algorithm.filter_groups.enable", True),
+        ("algorithm.filter_groups.metric", "acc"),
+        ("algorithm.filter_groups.max_inflight_gen_batches", stage.max_gen_rounds),
+        ("critic.enable", False),  # GRPO-style advantages: no value model
+        # reward: our execution reward through verl's DAPO reward manager (overlong buffer)
+        ("reward.num_workers", v.reward_workers),
+        ("reward.reward_manager.name", "dapo"),
+        ("reward.custom_reward_function.path", paths.reward_fn),
+        ("reward.custom_reward_function.name", "compute_score"),
+        *_reward_kwargs(cfg, paths),
+        *_overlong(stage),
+        # trainer: cluster shape, length, checkpoints, logging
+        ("trainer.nnodes", v.nnodes),
+        ("trainer.n_gpus_per_node", v.n_gpus_per_node),
+        ("trainer.total_training_steps", stage.steps),
+        ("trainer.total_epochs", stage.steps),  # an upper bound only: steps end the run (steps_per_epoch >= 1)
+        ("trainer.save_freq", stage.checkpoint_every or stage.steps),
+        ("trainer.test_freq", stage.eval_every or -1),
+        ("trainer.val_before_train", v.val_before_train),
+        ("trainer.resume_mode", "auto"),
+        ("trainer.default_local_dir", paths.checkpoints),
+        ("trainer.project_name", cfg.logging.project),
+        ("trainer.experiment_name", f"{cfg.name}-{stage.name}"),
+        ("trainer.logger", ["console", "file", *cfg.logging.backends]),
+        ("trainer.v1.trainer_mode", GATED_TRAINER if stage.entropy.mode == "adaptive" else "sync"),
+        # every Ray worker imports our code: the reward function, and the gated trainer when it is used
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH", paths.pythonpath),
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", paths.metrics),
+        *([("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR",
+             str(PurePath(paths.metrics).parent / "tensorboard"))] if "tensorboard" in cfg.logging.backends else []),
+        *([("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", EXTERNAL_MODULE)]
+          if stage.entropy.mode == "adaptive" else []),
+        *([("ray_kwargs.ray_init.runtime_env.py_executable", v.python)] if v.python else []),
+    ]
+    return [f"{key}={hydra_value(value)}" for key, value in items] + list(v.overrides)
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Reject stale keys and unknown `+` keys with the key, the rule and the fix (Hydra rejects other unknowns).
+
+    >>> check_overrides(["actor_rollout_ref.actor.clip_ratio_c=10.0", "+reward.reward_kwargs.max_resp_len=96"])
+    >>> check_overrides(["reward_model.reward_manager=dapo"])
+    Traceback (most recent call last):
+    ...
+    sirius_train.config.ConfigError: stale verl key 'reward_model.reward_manager': verl 0.9 no longer reads it; ...
+    """
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        bare = key.lstrip("+~")
+        for stale, instead in STALE_KEYS.items():
+            if bare == stale or bare.startswith(stale + "."):
+                raise ConfigError(f"stale verl key {bare!r}: verl 0.9 no longer reads it; use {instead}")
+        if key.startswith("+"):
+            _check_new_key(bare)
+
+
+def hydra_value(value: object) -> str:
+    """A Python value as a Hydra override value: strings quoted when Hydra's grammar would misread them.
+
+    >>> [hydra_value(v) for v in (True, None, 3, 0.28, "vllm", "/data/run 1/x.parquet", ["console", "wandb"])]
+    ['true', 'null', '3', '0.28', 'vllm', "'/data/run 1/x.parquet'", '[console,wandb]']
+    >>> hydra_value("http://a:8000,http://b:8000")
+    "'http://a:8000,http://b:8000'"
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if re.fullmatch(r"[A-Za-z_/.][\w./-]*", text) and text.lower() not in ("true", "false", "null", "none"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _micro_batches(v) -> list[tuple[str, object]]:
+    if v.use_dynamic_bsz:  # the rollout's log-prob pass follows actor.use_dynamic_bsz by verl's interpolation
+        return [("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", v.ppo_max_token_len_per_gpu)]
+    return [("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", v.ppo_micro_batch_size_per_gpu),
+            ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", v.log_prob_micro_batch_size_per_gpu)]
+
+
+def _entropy(stage: StageConfig) -> list[tuple[str, object]]:
+    """fixed/off map onto verl's constant `entropy_coeff`; adaptive needs a per-step coefficient (entropy.py)."""
+    e = stage.entropy
+    if e.mode == "off":
+        return [("actor_rollout_ref.actor.entropy_coeff", 0.0)]
+    if e.mode == "fixed":
+        return [("actor_rollout_ref.actor.entropy_coeff", e.coef)]
+    return [("actor_rollout_ref.actor.entropy_coeff", 0.0),  # verl's own term stays off; the gate adds c_k·H
+            ("actor_rollout_ref.actor.calculate_entropy", True),
+            ("+sirius.entropy.target", e.target), ("+sirius.entropy.delta", e.delta),
+            ("+sirius.entropy.coef_max", e.coef_max), ("+sirius.entropy.coef", e.coef)]
+
+
+def _reward_kwargs(cfg: RunConfig, paths: StagePaths) -> list[tuple[str, object]]:
+    """Server when `reward.url` is set (token via SIRIUS_REWARD_TOKEN, never on the command line); else in-process."""
+    prefix = "+reward.custom_reward_function.reward_kwargs"
+    if cfg.reward.url:
+        # Each HTTP request is bounded; the server's own --timeout bounds each query.
+        return [(f"{prefix}.reward_url", cfg.reward.url),
+                (f"{prefix}.reward_timeout_s", max(60.0, 10 * cfg.reward.timeout_s))]
+    return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
+
+
+def _overlong(stage: StageConfig) -> list[tuple[str, object]]:
+    prefix = "+reward.reward_kwargs"
+    enabled = stage.overlong_cache > 0
+    return [(f"{prefix}.overlong_buffer_cfg.enable", enabled),
+            (f"{prefix}.overlong_buffer_cfg.len", stage.overlong_cache if enabled else 1),
+            (f"{prefix}.overlong_buffer_cfg.penalty_factor", 1.0),
+            (f"{prefix}.overlong_buffer_cfg.log", True),
+            (f"{prefix}.max_resp_len", stage.max_new_tokens)]
+
+
+def _check_reward_table(cfg: RunConfig) -> None:
+    r = cfg.reward
+    ours = RewardTable(correct=r.correct, wrong=r.wrong, error=r.error, timeout=r.timeout, rejected=r.rejected,
+                       format_failure=r.format_failure)
+    if ours != RewardTable():
+        raise ConfigError(f"reward table {ours.to_dict()}: the verl backend scores with "
+                          f"rewards.verl_reward.compute_score, which uses the default table {RewardTable().to_dict()}; "
+                          "set reward.correct/wrong/error/timeout/rejected/format_failure back to the defaults")
+
+
+def _check_new_key(key: str) -> None:
+    for prefix, leaves in OPEN_MAPS.items():
+        if key.startswith(prefix + "."):
+            leaf = key[len(prefix) + 1:]
+            if leaves is not None and leaf not in leaves:
+                raise ConfigError(f"unknown verl key '+{key}': nothing reads {prefix}.{leaf}; "
+                                  f"known: {', '.join(leaves)}")
+            return
+    raise ConfigError(f"new verl key '+{key}': a '+' key is never checked by verl, so a typo would be silently "
+                      f"ignored; only these open maps take new keys: {', '.join(OPEN_MAPS)}")
+

@@ -1,0 +1,72 @@
+"""`VerlBackend` bookkeeping around a stage: metrics across relaunches, guards before launching, resumption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sirius_train.config import ConfigError, load_config
+from sirius_train.verl_backend import VerlBackend
+from sirius_train.verl_backend.backend import _check_rows, _rotate
+
+pytest.importorskip("verl")
+NANO = Path(__file__).resolve().parents[1] / "configs" / "nano.yaml"
+
+
+@pytest.fixture
+def backend(tmp_path):
+    backend = VerlBackend(load_config(NANO, ["backend=verl", f"output_dir={tmp_path}", "logging.plots=false"]))
+    yield backend
+    backend.close()
+
+
+def _verl_rows(path: Path, steps: dict[int, float]) -> None:
+    """What verl's file logger writes: {"step": n, "data": {...}} per line."""
+    path.write_text("".join(json.dumps({"step": s, "data": {"actor/entropy": h}}) + "\n" for s, h in steps.items()))
+
+
+def test_metrics_of_every_launch_reach_the_run_log_later_launch_wins(backend, tmp_path):
+    metrics = tmp_path / "stage1" / "verl_metrics.jsonl"
+    metrics.parent.mkdir()
+    _verl_rows(metrics, {1: 0.9, 2: 0.8})  # first launch, interrupted after step 2
+    _rotate(metrics)  # the relaunch: verl's logger would truncate the file
+    assert not metrics.exists() and (metrics.parent / "verl_metrics.jsonl.000").is_file()
+    _verl_rows(metrics, {2: 0.7, 3: 0.6})  # resumed from the step-1 checkpoint
+    backend._import_metrics(metrics, "stage1")
+    rows = [json.loads(line) for line in (backend.cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["step"], r["backend"], r["actor/entropy"]) for r in rows] == [
+        ("stage1", 1, "verl", 0.9), ("stage1", 2, "verl", 0.7), ("stage1", 3, "verl", 0.6)]
+
+
+def test_a_curriculum_smaller_than_one_batch_is_refused(tmp_path):
+    cfg = load_config(NANO, ["backend=verl"])
+    parquet = tmp_path / "curriculum.parquet"
+    pq.write_table(pa.table({"x": list(range(5))}), parquet)
+    with pytest.raises(ConfigError, match=r"has 5 prompts but stage 'stage1' has prompts_per_step=8"):
+        _check_rows(parquet, cfg.stages[0])
+
+
+def test_a_merged_stage_is_not_trained_again(backend, tmp_path):
+    model = tmp_path / "stage1" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    stage = backend.cfg.stages[0]
+    assert backend.train_stage(1, stage, tmp_path / "missing.parquet", tmp_path / "init", None, model.parent) == model
+
+
+def test_the_models_kept_between_phases_leave_the_gpu_before_verl_starts(backend, tmp_path):
+    from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
+
+    tokenizer = train_tokenizer(["SELECT name FROM singer"] * 20, 300)
+    model = build_nano_model(NanoModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2),
+                             tokenizer)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    kept, _ = backend.local.load(tmp_path / "m")
+    backend._free_gpu()
+    assert backend.local._loaded is None and next(kept.parameters()).device.type == "cpu"
