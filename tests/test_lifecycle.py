@@ -188,6 +188,28 @@ def test_lifecycle_without_llm_filters_executes_and_rebinds(demo_db_root, retail
     assert "rebind_literal on empty readmitted 1" in lifecycle.summary()
 
 
+def test_grounding_marks_literals_no_value_of_their_column_matches(demo_db_root, retail):
+    sqls = ["SELECT name FROM customers WHERE city != 'Atlantis'",  # rows, but the filter filters nothing
+            "SELECT name FROM customers WHERE city != 'Paris'",
+            "SELECT count(*) FROM customers WHERE signup_year = '2016'",  # numeric affinity: '2016' is 2016
+            "SELECT count(*) FROM customers WHERE signup_year = '1066'",  # a count of nothing: (0,)
+            "SELECT name FROM customers WHERE city = 'Atlantis'"]  # empty, and no operator can help
+    candidates = [Candidate("spec", k, sql) for k, sql in enumerate(sqls)]
+    task = Task(Question(1, "retail", "Who does not live in Paris?", retail.to_text()), retail, candidates)
+    with Executor(demo_db_root, workers=0) as executor:
+        lifecycle = Lifecycle(executor)
+        lifecycle.run([task])
+    assert [c.ungrounded for c in candidates] == [("city: 'Atlantis'",), (), (), ("signup_year: '1066'",),
+                                                  ("city: 'Atlantis'",)]
+    assert [e for e in candidates[0].events if e["step"] == "ground"] == [
+        {"step": "ground", "ungrounded": ["city: 'Atlantis'"]}]
+    assert candidates[0].to_json()["ungrounded"] == ["city: 'Atlantis'"] and "ungrounded" not in candidates[1].to_json()
+    ballots = task.ballots()
+    assert [b.grounded for b in ballots] == [False, True, True, False, False]
+    assert [b.status for b in ballots] == [Status.OK, Status.OK, Status.OK, Status.OK, Status.EMPTY]
+    assert lifecycle.stats["ungrounded:ok"] == 2 and lifecycle.stats["ungrounded:empty"] == 1
+
+
 def test_condensed_feedback_lists_each_failure_once():
     from rewards.outcome import Outcome
 

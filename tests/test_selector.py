@@ -36,6 +36,21 @@ def test_admission_keeps_empty_only_as_a_strict_majority_or_last_resort():
     assert admitted([err, err]) == []
 
 
+def test_ungrounded_results_vote_only_when_no_grounded_result_has_rows():
+    slip = ballot("a", "SELECT name FROM singer WHERE citizenship != 'French'", ("x",), ("y",))
+    slip = Ballot(slip.source, slip.sql, OK, slip.rows, grounded=False)
+    right = ballot("b", "SELECT name FROM singer WHERE citizenship != 'France'", ("y",))
+    empty = ballot("c", "q", status=EMPTY)
+    assert admitted([slip, slip, slip, right]) == [3]
+    assert admitted([slip, slip, empty]) == [0, 1]  # nothing grounded returned rows: the slips vote
+    assert admitted([slip, empty, empty]) == [0, 1, 2]  # empty is a strict majority, as before
+    pool = [slip, slip, slip, right]
+    chosen = select(pool)
+    assert chosen.index == 3 and chosen.decided_by == "only_one" and chosen.score == 0.25
+    assert explain(chosen, pool).endswith("; 3 candidate(s) comparing a column with a value it never holds did not vote")
+    assert majority_vote(pool).index == 0  # the baseline counts every executed result
+
+
 # ------------------------------------------------------------------------------------------ S_maj, S_rm
 def test_consensus_scores_exact_values():
     b = [ballot("a", "q", (1,), (2,)), ballot("b", "q", (1,), (2,)), ballot("c", "q", (1,), (3,)), ballot("d", "q", (9,))]
@@ -152,6 +167,20 @@ def test_select_on_real_pools_keeps_the_contract_and_is_deterministic(tmp_path, 
     subset = tmp_path / "subset.jsonl"  # the same picks again, in a smaller batch: deterministic, batch-independent
     subset.write_text("".join(json.dumps(p) + "\n" for p in spider_pools[::10]))
     assert run_select(tmp_path, spider_root, pools=subset) == picks[::10]
+
+
+def test_select_sets_aside_the_shared_slip_on_a_real_pool(tmp_path, spider_root, spider_pools):
+    """Spider dev question 1007: 14 of 18 systems write `citizenship != 'French'`; the column holds 'France'."""
+    from sirius_train.commands.select import select_file
+
+    pools = tmp_path / "q1007.jsonl"
+    pools.write_text(json.dumps(next(p for p in spider_pools if p["id"] == 1007)) + "\n")
+    [answer] = select_file(spider_root / "databases", pools, tmp_path / "picks.jsonl", config=SelectorConfig(),
+                           workers=0, show_progress=False)
+    assert "France" in answer.pick()["sql"] and answer.pick()["source"] == "SFT_CodeS_15B"
+    assert answer.why.endswith("14 candidate(s) comparing a column with a value it never holds did not vote")
+    slips = [c.ungrounded for c in answer.task.candidates if c.ungrounded]
+    assert len(slips) == 14 and all(len(u) == 1 and u[0].lower().endswith("citizenship: 'french'") for u in slips)
 
 
 def test_select_rejects_bad_pools_clearly(tmp_path, spider_root):

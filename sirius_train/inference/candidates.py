@@ -67,6 +67,7 @@ class Candidate:
     raw: str | None = None  # the model's full answer, when there was one
     outcome: Outcome | None = None  # the latest execution
     dropped: str | None = None  # why it left the pool (filter reason, unrepaired failure...)
+    ungrounded: tuple[str, ...] = ()  # literals its SQL compares with a column that never holds them
     events: list[dict] = field(default_factory=list)
 
     @property
@@ -82,6 +83,8 @@ class Candidate:
                "dropped": self.dropped, "events": self.events}
         if self.outcome is not None:
             out["row_count"] = len(self.outcome.rows)
+        if self.ungrounded:
+            out["ungrounded"] = list(self.ungrounded)
         if self.raw is not None:
             out["raw"] = self.raw[:RAW_CHARS]
         return out

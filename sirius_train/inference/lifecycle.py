@@ -17,6 +17,10 @@
 5. *Recovery*: if a question has no candidate with rows left, its generators are asked again with
    condensed negative feedback (each failed SQL and how it failed); new candidates go through 1-4
    without further LLM repair.
+6. *Ground*: every candidate still in the pool is checked for string literals that never occur in the
+   column they are compared with (and that re-binding could not fix: 'French' for 'France'). Such a
+   query does not test what its author meant -- `citizenship != 'French'` filters nothing -- so its
+   result is an accident; the selector lets it vote only when no grounded candidate returned rows.
 
 Every step lands in `Candidate.events`, so `sirius infer --trace` can show why the winner won and why
 the others lost. Work is batched across questions stage by stage, so one `execute_many` call serves
@@ -71,7 +75,7 @@ class Task:
         out = []
         for c in self.candidates:
             if c.dropped is None and c.outcome is not None:
-                out.append(Ballot(c.source, c.sql, c.outcome.status, c.outcome.rows))
+                out.append(Ballot(c.source, c.sql, c.outcome.status, c.outcome.rows, grounded=not c.ungrounded))
             else:
                 status = c.outcome.status if c.outcome is not None and not c.outcome.executed else Status.REJECTED
                 out.append(Ballot(c.source, c.sql or "", status))
@@ -124,6 +128,8 @@ class Lifecycle:
         self._repair(tasks)
         if self.recover is not None:
             self._recovery(tasks)
+        self._ground([(t, c) for t in tasks for c in t.candidates
+                      if c.dropped is None and c.outcome is not None and c.outcome.executed])
 
     # ------------------------------------------------------------------ steps
     def _admit_and_execute(self, pairs: list[tuple[Task, Candidate]]) -> None:
@@ -226,6 +232,15 @@ class Lifecycle:
                 candidate.dropped = f"{outcome.status.value}: {outcome.error or 'unrepaired'}"
                 self.stats[f"dropped:{outcome.status.value}"] += 1
                 candidate.record("drop", reason=candidate.dropped)
+
+    def _ground(self, pairs: list[tuple[Task, Candidate]]) -> None:
+        """Mark the literals each final SQL compares with a column that never holds them."""
+        for task, candidate in pairs:
+            uses = literal_uses(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+            candidate.ungrounded = tuple(f"{u.column}: '{u.value}'" for u in uses if u.grounded is False)
+            if candidate.ungrounded:
+                self.stats[f"ungrounded:{candidate.outcome.status.value}"] += 1
+                candidate.record("ground", ungrounded=list(candidate.ungrounded))
 
     def _ask_corrector(self, task: Task, candidate: Candidate) -> str | None:
         outcome = candidate.outcome

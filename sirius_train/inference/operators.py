@@ -43,7 +43,7 @@ class LiteralUse:
     column: str  # the column as written
     tables: tuple[str, ...]  # real tables it may come from
     comparison: exp.Expression  # the EQ / NEQ / IN / LIKE node
-    grounded: bool | None  # True: occurs in the column; False: does not; None: values unknown
+    grounded: bool | None  # True: occurs in the column; False: does not; None: values unknown (or none at all)
     closest: str | None = None  # the real value it should probably be
 
 
@@ -159,6 +159,27 @@ def closest_value(literal: str, candidates: Sequence) -> str | None:
     return containing[0] if len(containing) == 1 else None
 
 
+def occurs(literal: str, values: set) -> bool:
+    """Whether the comparison `column = literal` can match one of the column's `values`.
+
+    A numeric-looking literal also matches a number: SQLite converts `'2008'` to 2008 before comparing
+    it with a column of numeric affinity, so `year = "2008"` is grounded when 2008 occurs.
+
+    Example:
+        >>> occurs("France", {"France", "Peru"}), occurs("French", {"France", "Peru"})
+        (True, False)
+        >>> occurs("2008", {2007, 2008}), occurs("0", {0.0}), occurs("2.5", {2}), occurs("1e3", {1000})
+        (True, True, False, True)
+    """
+    if literal in values:
+        return True
+    try:
+        number = float(literal)
+    except ValueError:
+        return False
+    return any(number == v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def _loose(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.casefold()).split())
 
@@ -183,7 +204,7 @@ def _literal_uses(tree: exp.Expression, schema: Schema, values: ValueLookup) -> 
         for node, value in literals:
             if isinstance(comparison, exp.Like) and ("%" in value or "_" in value):
                 continue
-            grounded = None if known is None else value in known
+            grounded = occurs(value, known) if known else None  # an empty column grounds nothing
             closest = closest_value(value, known) if grounded is False else None
             uses.append(LiteralUse(node, value, column.sql(dialect="sqlite"), ref.tables, comparison, grounded,
                                    closest))

@@ -7,6 +7,10 @@ optional LLM judge is passed in as a function, so the math never does I/O.
    else, or when they are a strict majority of the pool: an empty result is what a wrong literal, a
    wrong join and a wrong filter all produce, so a plurality of "no rows" is mostly a pile of
    unrelated failures, while a majority of generators agreeing on "no rows" is consensus.
+   *Ungrounded* candidates (`Ballot.grounded` False: the SQL compares a column with a string the
+   column never holds, as `citizenship != 'French'` where the data says 'France') vote only when no
+   grounded candidate returned rows: such a filter does not test what its author meant, so its rows
+   are an accident, however many generators share the slip.
 2. *Stage 1, result level.* Admitted candidates form result-equivalence classes (the same
    `rewards.compare.results_match` as the reward, so selection and evaluation agree on "same answer").
    - S_maj, tuple-level consensus: a class's own votes plus partial credit from every other admitted
@@ -46,6 +50,7 @@ class Ballot:
     sql: str
     status: Status
     rows: tuple = ()
+    grounded: bool = True  # False: compares a column with a string literal the column never holds
 
     @property
     def executed(self) -> bool:
@@ -170,14 +175,19 @@ def majority_vote(ballots: Sequence[Ballot], compare: str = "bird") -> Selection
 
 
 def admitted(ballots: Sequence[Ballot]) -> list[int]:
-    """Indices that vote: non-empty results, plus empty ones when they are all there is or a strict majority.
+    """Indices that vote: grounded non-empty results (all non-empty ones when none is grounded), plus
+    empty ones when they are all there is or a strict majority.
 
     Example:
         >>> ok, empty = Ballot("a", "q", Status.OK, ((1,),)), Ballot("b", "q", Status.EMPTY)
         >>> admitted([ok, empty, empty]), admitted([ok, ok, empty, empty]), admitted([empty, Ballot("c", "q", Status.ERROR)])
         ([0, 1, 2], [0, 1], [0])
+        >>> slip = Ballot("c", "q", Status.OK, ((2,),), grounded=False)
+        >>> admitted([slip, slip, ok]), admitted([slip, empty])
+        ([2], [0])
     """
     rows = [i for i, b in enumerate(ballots) if b.status == Status.OK]
+    rows = [i for i in rows if ballots[i].grounded] or rows
     empty = [i for i, b in enumerate(ballots) if b.status == Status.EMPTY]
     if not rows or len(empty) * 2 > len(ballots):
         return sorted(rows + empty)
@@ -291,10 +301,17 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
         ...      Ballot("spec", "SELECT 2", Status.OK, ((2,),))]
         >>> explain(select(b), b)
         'consensus: 2 of 3 candidates (gen, spec) return this result; S_coarse 0.67 leads the next class by 0.33 (gate 0.1)'
+        >>> b.append(Ballot("gen", "SELECT 3 WHERE x != 'Frnce'", Status.OK, ((3,),), grounded=False))
+        >>> explain(select(b), b).split("; ")[-1]
+        '1 candidate(s) comparing a column with a value it never holds did not vote'
     """
     if selection.index is None or not selection.classes:
         return "no candidate executed; returning the first one with SQL, unverified" if selection.index is not None \
             else "empty pool"
+    return _decision(selection, ballots, config) + _set_aside(selection, ballots)
+
+
+def _decision(selection: Selection, ballots: Sequence[Ballot], config: SelectorConfig) -> str:
     winner = selection.classes[0]
     sources = ", ".join(sorted({ballots[i].source for i in winner.members}))
     head = f"{len(winner.members)} of {len(ballots)} candidates ({sources}) return this result"
@@ -308,6 +325,13 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
     if selection.margin is None or selection.margin == float("inf"):
         return f"{selection.decided_by}: {head}; no other result"
     return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f} (gate {config.margin:g})"
+
+
+def _set_aside(selection: Selection, ballots: Sequence[Ballot]) -> str:
+    """The admission rule's ungrounded non-voters, named so a surprising minority win explains itself."""
+    voters = {i for cls in selection.classes for i in cls.members}
+    n = sum(1 for i, b in enumerate(ballots) if b.status == Status.OK and i not in voters)
+    return f"; {n} candidate(s) comparing a column with a value it never holds did not vote" if n else ""
 
 
 def _unverified(ballots: Sequence[Ballot]) -> Selection:
