@@ -182,3 +182,25 @@ class MutationFiller:
                 else:
                     self.rejected["llm question rejected"] += 1
         return out
+
+
+def uniform_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float], budget: int, *,
+                       seed: int = 0) -> Curriculum:
+    """The ablation baseline: `budget` examples drawn uniformly from the pool, whatever their difficulty.
+
+    Example:
+        >>> pool = [Example(str(i), "d", f"q{i}", "SELECT 1") for i in range(4)]
+        >>> c = uniform_curriculum(pool, {str(i): 0.5 for i in range(4)}, 6)
+        >>> len(c.examples), len({e.id for e in c.examples}), c.report["mode"]
+        (6, 4, 'uniform')
+    """
+    check_unique_ids(examples, "curriculum pool")
+    rng = random.Random(f"uniform:{seed}")
+    pool = list(examples)
+    chosen: list[Example] = []
+    while len(chosen) < budget and pool:
+        chosen += rng.sample(pool, min(len(pool), budget - len(chosen)))
+    rates = {e.id: float(pass_rates[e.id]) for e in pool if e.id in pass_rates}
+    return Curriculum(chosen, rates, [], {"mode": "uniform", "seed": seed, "pool": len(pool), "budget": budget,
+                                          "selected": len(chosen), "unique_selected": len({e.id for e in chosen}),
+                                          "dropped": {}})

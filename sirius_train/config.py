@@ -113,6 +113,7 @@ class StageConfig:
     clip_c: float = 10.0
     entropy: EntropyConfig = field(default_factory=EntropyConfig)
     # curriculum
+    curriculum: str = "smoothed"  # smoothed (SPEC 2.4) | uniform (ablation: the pool as it comes)
     estimate_k: int = 8  # samples per example for pass rates
     bins: int = 4
     max_repeats: int = 3
@@ -237,6 +238,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.entropy.mode", s.entropy.mode, f"use one of {list(ENTROPY_MODES)}")
         if s.steps < 1 or s.budget < 1:
             bad(f"{key}.steps", s.steps, "steps and budget must be >= 1")
+        if s.curriculum not in ("smoothed", "uniform"):
+            bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
     _validate_verl(cfg, bad)

@@ -115,7 +115,7 @@ def _mark_done(phase_dir: Path, info: dict) -> None:
 
 def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
     """Run (or resume) the schedule -- or only its warm start -- and return the summary (`run_dir/summary.json`)."""
-    from data_synthesis.curriculum import MutationFiller, build_curriculum
+    from data_synthesis.curriculum import MutationFiller, build_curriculum, uniform_curriculum
     from data_synthesis.export import write_stage
     from data_synthesis.smoothing import SmoothingConfig
 
@@ -155,18 +155,26 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
             smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
                                         keep_zero_share=stage.keep_zero_share)
             filler = None
-            if stage.fill_bins:
+            if stage.fill_bins and stage.curriculum == "smoothed":
                 filler = MutationFiller(data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
                                         cache_path=stage_dir / "fill.cache.jsonl", temperature=stage.temperature,
                                         top_p=stage.top_p, max_new_tokens=stage.max_new_tokens, compare=data.compare,
                                         prompt_format=data.prompt_format, policy=str(model))
-            curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing, seed=cfg.seed + index,
-                                          filler=filler)
+            if stage.curriculum == "uniform":  # ablation: no smoothing
+                curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index)
+            else:
+                curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing,
+                                              seed=cfg.seed + index, filler=filler)
             paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,
                                 compare=data.compare, prompt_format=data.prompt_format)
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
             t_curriculum = time.monotonic() - t0
-            model_out = backend.train_stage(index, stage, paths["parquet"], model, data, stage_dir)
+            if curriculum.examples:
+                model_out = backend.train_stage(index, stage, paths["parquet"], model, data, stage_dir)
+            else:  # every example solved (p = 1) or never solved (p = 0): DAPO has no gradient to follow
+                stderr.print(f"[yellow]warning:[/] {stage.name}: empty curriculum ({curriculum.report['dropped']}); "
+                             "the stage is skipped and the model carried over")
+                model_out = model
             figures = backend.evaluate(model_out, data, stage.name)
             info = {"phase": stage.name, "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
                     "curriculum_seconds": round(t_curriculum, 1), "curriculum": str(paths["parquet"]),

@@ -11,13 +11,13 @@ def tiny_overrides(tmp: Path, name: str = "tiny") -> list[str]:
     return [
         f"name={name}", f"output_dir={tmp / 'runs'}", f"data.db_root={tmp / 'dbs'}",
         "data.train_dbs=[retail]", "data.generated_train_dbs=2", "data.generated_eval_dbs=1",
-        "data.synth_per_db=24", "data.eval_per_db=12", "data.synth_rules=[count,aggregate]",
-        "model.tokenizer_vocab=600", "model.hidden_size=32", "model.intermediate_size=64",
+        "data.synth_per_db=30", "data.eval_per_db=12", "data.synth_rules=[count,aggregate]", "data.sft_share=0.5",
+        "model.tokenizer_vocab=1000", "model.hidden_size=64", "model.intermediate_size=128",
         "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "sft.epochs=12", "sft.batch_size=16", "sft.lr=5e-3",
+        "sft.epochs=40", "sft.batch_size=16", "sft.lr=5e-3",
         *(f"stages.{i}.{k}" for i in (0, 1) for k in (
-            "prompts_per_step=2", "n_samples=4", "max_new_tokens=24", "overlong_cache=4", "max_gen_rounds=2",
-            "estimate_k=2", "budget=8", "gen_batch_size=16", "micro_batch_size=4")),
+            "prompts_per_step=2", "n_samples=4", "max_new_tokens=48", "overlong_cache=4", "max_gen_rounds=2",
+            "estimate_k=4", "budget=8", "gen_batch_size=16", "micro_batch_size=4")),
         "stages.0.steps=6", "stages.0.checkpoint_every=2", "stages.1.steps=2", "stages.1.checkpoint_every=1",
         "logging.plots=true",
     ]
