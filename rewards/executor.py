@@ -40,14 +40,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rewards.outcome import Outcome, Status
 from rewards.reward import RewardTable
 from rewards.sandbox import Limits
-from rewards._worker import STATE, pack_score_result
+from rewards._worker import STATE
 from rewards.scoring import ScoreItem, ScoreResult, Scorer
 
 OnResult = Callable[[int, object], None]
@@ -300,7 +300,7 @@ class Executor:
     def _local_run(self, kind: str, payload: tuple):
         if kind == "exec":
             return self._local.execute(*payload)
-        return pack_score_result(self._local.score(ScoreItem(*payload)))
+        return self._local.score_fields(*payload)
 
     def _record(self, fresh: list) -> None:
         """Count newly answered items by outcome (prediction status for scores)."""
@@ -458,8 +458,8 @@ class Executor:
         if kind == "exec":
             return Outcome(status, error=message)
         reward = self.table.timeout if status is Status.TIMEOUT else self.table.error
-        return pack_score_result(ScoreResult(None, False, reward, status.value, status.value, pred_error=message,
-                                             gold_error=message))
+        return astuple(ScoreResult(None, False, reward, status.value, status.value, pred_error=message,
+                                   gold_error=message))[1:]  # the fields after `id`, as `Scorer.score_fields` gives them
 
 
 class _Stop(Exception):
