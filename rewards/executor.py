@@ -58,6 +58,16 @@ PIPELINE_DEPTH = 2  # chunks in a worker's pipe at once: it starts the next whil
 PIPELINE_MAX_BYTES = 16 << 10  # only this small a message may wait in the pipe (two always fit its 64 KiB)
 
 
+def chunk_length(items: int, chunk_size: int, workers: int) -> int:
+    """Items per chunk of a batch: at most `chunk_size`, and few enough that every worker gets two chunks.
+
+    Example:
+        >>> chunk_length(4166, 64, 2), chunk_length(100, 64, 2), chunk_length(256, 64, 8), chunk_length(3, 64, 2)
+        (64, 25, 16, 1)
+    """
+    return max(1, min(chunk_size, -(-items // (2 * workers))))
+
+
 class _Job:
     """One caller's batch: results by position, and the future the caller holds.
 
@@ -180,13 +190,15 @@ class Executor:
         workers: worker processes (0 = run in the calling thread, no process backstop).
         limits: per-statement caps (timeout, rows, bytes, ...).
         table: reward table used to fill `ScoreResult.reward`.
-        chunk_size: items sent to a worker at once (amortises IPC; a killed worker re-queues the rest).
+        chunk_size: most items sent to a worker at once. A round trip to a worker costs about 0.1 ms of CPU,
+            so large batches go in chunks this big; a smaller batch is cut into two chunks per worker, so that
+            every worker gets a share. A killed worker's chunk is re-queued, less the item it was running.
         grace_s: slack added to the SQLite deadline before the process backstop fires.
         memory_limit_bytes: RLIMIT_AS of each worker process.
     """
 
     def __init__(self, db_root: str | Path, *, workers: int = 2, limits: Limits = Limits(),
-                 table: RewardTable = RewardTable(), chunk_size: int = 32, grace_s: float = 0.5,
+                 table: RewardTable = RewardTable(), chunk_size: int = 64, grace_s: float = 0.5,
                  memory_limit_bytes: int | None = 4 << 30):
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
@@ -293,8 +305,9 @@ class Executor:
         # Sorted by (database, gold SQL): a chunk reuses one connection and one cached gold result.
         entries = sorted(((tuple(at), payload) for payload, at in positions.items()),
                          key=lambda entry: (entry[1][0], entry[1][1] if kind == "score" else ""))
-        for start in range(0, len(entries), self.chunk_size):
-            self._queue.put((job, kind, entries[start:start + self.chunk_size], 0))
+        size = chunk_length(len(entries), self.chunk_size, self.workers)
+        for start in range(0, len(entries), size):
+            self._queue.put((job, kind, entries[start:start + size], 0))
         return job.future
 
     def _local_run(self, kind: str, payload: tuple):
