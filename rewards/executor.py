@@ -15,8 +15,10 @@ sends results back in batches, so the parent always knows which item is in fligh
 Throughput (see docs/benchmarks/executor.md): identical pairs of one batch are scored once and the
 answer is copied (same database, same SQL, same gold: same result -- like the gold cache, this is
 what RL batches are full of, G samples per prompt); items travel as plain tuples (a fraction of the
-pickling cost of dataclasses); and each worker has a second small chunk waiting in its pipe while
-it runs one, so it never idles while the parent collects results.
+pickling cost of dataclasses); chunks are as large as `chunk_size` allows while every worker still
+gets two (a round trip to a worker costs about 0.1 ms of CPU, as much as three Spider queries); and
+each worker has a second small chunk waiting in its pipe while it runs one, so it never idles while
+the parent collects results.
 
 Submission never blocks: `submit_score` / `submit_execute_many` return a `concurrent.futures.Future`
 (an async caller wraps it with `asyncio.wrap_future`). Cancelling that future drops the batch's chunks
@@ -471,8 +473,8 @@ class Executor:
         if kind == "exec":
             return Outcome(status, error=message)
         reward = self.table.timeout if status is Status.TIMEOUT else self.table.error
-        return astuple(ScoreResult(None, False, reward, status.value, status.value, pred_error=message,
-                                   gold_error=message))[1:]  # the fields after `id`, as `Scorer.score_fields` gives them
+        failed = ScoreResult(None, False, reward, status.value, status.value, pred_error=message, gold_error=message)
+        return astuple(failed)[1:]  # the fields after `id`, as `Scorer.score_fields` gives them
 
 
 class _Stop(Exception):

@@ -24,6 +24,7 @@ to write it gets "database is locked" until the sandbox is closed (replacing the
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,6 @@ from time import monotonic
 
 from rewards.outcome import Outcome, Status
 
-OK, EMPTY, ERROR, TIMEOUT, REJECTED = Status.OK, Status.EMPTY, Status.ERROR, Status.TIMEOUT, Status.REJECTED
-INF = float("inf")
 FETCH_ROWS = 512  # rows per fetchmany: the caps are checked between chunks
 _SIZED = (str, bytes)  # cells whose length counts toward max_result_bytes (text_factory always gives exact str)
 
@@ -103,7 +102,7 @@ class Sandbox:
         self.limits = limits
         if not self.path.is_file():
             raise DatabaseNotFound(f"database file not found: {self.path}")
-        self._deadline = INF
+        self._deadline = math.inf
         self.conn = sqlite3.connect(
             self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
@@ -141,37 +140,37 @@ class Sandbox:
         t0 = monotonic()
         reason = precheck(sql, limits)
         if reason is not None:
-            return REJECTED, (), (), reason, 0.0
+            return Status.REJECTED, (), (), reason, 0.0
         self._deadline = t0 + (limits.timeout_s if timeout_s is None else timeout_s)
         cur = None
         try:
             cur = self.conn.execute(sql)
             description = cur.description
             if description is None:
-                return REJECTED, (), (), "not a query: the statement returns no result columns", monotonic() - t0
+                return Status.REJECTED, (), (), "not a query: the statement returns no result columns", monotonic() - t0
             columns = tuple([d[0] for d in description])
             rows, too_large = self._fetch(cur)
         except (sqlite3.Warning, sqlite3.ProgrammingError, ValueError) as e:
             # "You can only execute one statement at a time." / NUL characters / bad parameters
-            return REJECTED, (), (), str(e), monotonic() - t0
+            return Status.REJECTED, (), (), str(e), monotonic() - t0
         except sqlite3.DatabaseError as e:
             elapsed = monotonic() - t0
             msg = str(e)
             if monotonic() >= self._deadline and "interrupt" in msg:
-                return TIMEOUT, (), (), f"timed out after {elapsed:.2f}s", elapsed
+                return Status.TIMEOUT, (), (), f"timed out after {elapsed:.2f}s", elapsed
             if "not authorized" in msg or "authorization denied" in msg:
-                return REJECTED, (), (), f"{msg}: only read-only SELECT statements may run", elapsed
-            return ERROR, (), (), msg, elapsed
+                return Status.REJECTED, (), (), f"{msg}: only read-only SELECT statements may run", elapsed
+            return Status.ERROR, (), (), msg, elapsed
         except (MemoryError, OverflowError) as e:
-            return ERROR, (), (), f"{type(e).__name__}: {e}", monotonic() - t0
+            return Status.ERROR, (), (), f"{type(e).__name__}: {e}", monotonic() - t0
         finally:
-            self._deadline = INF
+            self._deadline = math.inf
             if cur is not None:
                 cur.close()
         elapsed = monotonic() - t0
         if too_large:
-            return ERROR, (), columns, too_large, elapsed
-        return (OK if rows else EMPTY), rows, columns, None, elapsed
+            return Status.ERROR, (), columns, too_large, elapsed
+        return (Status.OK if rows else Status.EMPTY), rows, columns, None, elapsed
 
     def _fetch(self, cur: sqlite3.Cursor) -> tuple[tuple, str | None]:
         """Fetch under the row and byte caps; returns (rows, reason-if-too-large)."""

@@ -144,7 +144,7 @@ class _Unavailable:
         self.error = error
 
     def run(self, sql: str) -> Outcome:
-        return Outcome(Status.ERROR, error=self.error, extra={"unknown_db": True})
+        return Outcome(*self.run_fields(sql), extra={"unknown_db": True})
 
     def run_fields(self, sql: str) -> tuple:
         return Status.ERROR, (), (), self.error, 0.0
