@@ -3,7 +3,9 @@
 - `raw_sqlite_score`: the limit of scoring in one process -- plain `sqlite3`, no sandbox, no timeout,
   no caps; one connection per database and each distinct gold query run once (the same caching the
   executor does), then `set(pred) == set(gold)`. With `dedup=True` it also skips a pair identical to
-  one already scored (db, gold, prediction), as the executor does within a batch.
+  one already scored (db, gold, prediction), as the executor does within a batch. With `locked=True`
+  its connections keep their shared lock between queries (`PRAGMA locking_mode = EXCLUSIVE`), the
+  one SQLite setting of the sandbox that makes queries cheaper.
 - `bird_way_score`: the BIRD evaluator's scheme (`evaluation.py` of the BIRD benchmark), rewritten
   here from its description: a `multiprocessing.Pool` of `num_cpus` processes, one `apply_async` per
   pair, each call wrapped in `func_timeout(meta_time_out, ...)`, which opens a fresh connection,
@@ -57,7 +59,7 @@ def warm_page_cache(db_root: Path, items: list[ScoreItem]) -> None:
 
 
 # ---------------------------------------------------------------------------------------- the raw limit
-def raw_sqlite_score(db_root: Path, items: list[ScoreItem], dedup: bool = False) -> list[int]:
+def raw_sqlite_score(db_root: Path, items: list[ScoreItem], dedup: bool = False, locked: bool = False) -> list[int]:
     connections: dict[str, sqlite3.Connection] = {}
     gold_rows: dict[tuple[str, str], set | None] = {}
     seen: dict[tuple, int] = {}
@@ -66,6 +68,8 @@ def raw_sqlite_score(db_root: Path, items: list[ScoreItem], dedup: bool = False)
         conn = connections.get(db_id)
         if conn is None:
             conn = connections[db_id] = _connect_ro(db_path(db_root, db_id))
+            if locked:
+                conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         try:
             return set(conn.execute(sql).fetchall())
         except Exception:
@@ -188,8 +192,8 @@ def run_contender(name: str, db_root: Path, items: list[ScoreItem], workers: int
 
     warm_page_cache(db_root, items)
     t0, c0 = time.perf_counter(), cpu_seconds()
-    if name in ("raw", "raw-dedup"):
-        match = raw_sqlite_score(db_root, items, dedup=name == "raw-dedup")
+    if name in ("raw", "raw-dedup", "raw-locked"):
+        match = raw_sqlite_score(db_root, items, dedup=name == "raw-dedup", locked=name == "raw-locked")
     elif name == "raw-2proc":
         match = _raw_two_processes(db_root, items)
     elif name == "bird":

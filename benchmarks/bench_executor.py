@@ -23,6 +23,7 @@ from _baselines import SPIDER, disagreements, load_pool_pairs, medians, run_roun
 CONTENDERS = {
     "raw": "plain sqlite3, 1 process, no sandbox: gold once per question, every prediction run (the limit)",
     "raw-dedup": "as raw, and a pair identical to one already scored is not run again (the executor's dedup)",
+    "raw-locked": "as raw, connections keep their shared lock between queries (the sandbox's locking mode)",
     "raw-2proc": "raw in 2 forked processes, pairs split at a question boundary",
     "scorer": "rewards Scorer in-process: the sandbox, typed outcomes, no worker processes",
     "executor": "rewards Executor, 2 sandboxed workers, cold caches (startup not counted)",
@@ -47,16 +48,16 @@ def main() -> None:
 
 
 def report(runs: dict[str, list[dict]], n: int, workers: int, load: tuple) -> str:
-    med = medians(runs)
+    med, cpu = medians(runs), medians(runs, "cpu_seconds")
     lines = [setup_line(runs, n, workers, load), "",
-             "| contender | what it does | median s | best s | pairs/s | CPU s | speed vs raw | vs raw-dedup "
-             "| vs BIRD way |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| contender | what it does | median s | best s | pairs/s | CPU s | speed vs raw | CPU vs raw "
+             "| vs raw-dedup | vs raw-locked | vs BIRD way |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, rs in runs.items():
         lines.append(f"| {name} | {CONTENDERS[name]} | {med[name]:.3f} | {min(r['seconds'] for r in rs):.3f} | "
-                     f"{n / med[name]:,.0f} | {statistics.median(r['cpu_seconds'] for r in rs):.3f} | "
-                     f"{med['raw'] / med[name]:.2f}x | {med['raw-dedup'] / med[name]:.2f}x | "
-                     f"{med['bird'] / med[name]:.1f}x |")
+                     f"{n / med[name]:,.0f} | {cpu[name]:.3f} | {med['raw'] / med[name]:.2f}x | "
+                     f"{cpu['raw'] / cpu[name]:.2f}x | {med['raw-dedup'] / med[name]:.2f}x | "
+                     f"{med['raw-locked'] / med[name]:.2f}x | {med['bird'] / med[name]:.1f}x |")
     ex = runs["executor"]
     lines += ["",
               f"executor warm pass (gold results cached): median {statistics.median(r['warm_seconds'] for r in ex):.3f} s;"

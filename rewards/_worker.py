@@ -5,7 +5,8 @@ Started with a plain `subprocess.Popen` (not multiprocessing) so it never re-imp
 the first message, then chunks of work. Before each item it writes `(chunk number, item index, start time)` into
 a small shared-memory record, so the parent's backstop knows which item is in flight without a
 message per item; results go back in batches tagged with the chunk number (at the end of a chunk, or
-every few milliseconds). Score items arrive and leave as plain tuples (cheap to pickle).
+every few milliseconds). Score items arrive and leave as plain tuples (cheap to pickle): the arguments and
+the result of `Scorer.score_fields`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,6 @@ STATE = struct.Struct("qqd")  # (chunk sequence number, index of the running ite
 FLUSH_EVERY_S = 0.02
 
 
-def pack_score_result(result) -> tuple:
-    """A ScoreResult's fields but its id, as a plain tuple: far cheaper to pickle; the parent keeps the ids
-    and rebuilds it with `ScoreResult(id, *packed)`."""
-    return tuple(getattr(result, name) for name in type(result).__dataclass_fields__ if name != "id")
-
-
 def main(read_fd: int, write_fd: int, state_fd: int) -> None:
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     state = mmap.mmap(state_fd, STATE.size)
@@ -34,7 +29,7 @@ def main(read_fd: int, write_fd: int, state_fd: int) -> None:
     memory = config.pop("memory_limit_bytes", None)
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    from rewards.scoring import ScoreItem, Scorer  # after the rlimit, so imports count too
+    from rewards.scoring import Scorer  # after the rlimit, so imports count too
 
     scorer = Scorer(**config)
     outbox.send("ready")
@@ -50,7 +45,7 @@ def main(read_fd: int, write_fd: int, state_fd: int) -> None:
         for i, payload in enumerate(payloads):
             STATE.pack_into(state, 0, seq, i, time.monotonic())
             if kind == "score":
-                batch.append((i, pack_score_result(scorer.score(ScoreItem(*payload)))))
+                batch.append((i, scorer.score_fields(*payload)))
             else:
                 batch.append((i, scorer.execute(*payload)))
             now = time.monotonic()

@@ -15,8 +15,10 @@ sends results back in batches, so the parent always knows which item is in fligh
 Throughput (see docs/benchmarks/executor.md): identical pairs of one batch are scored once and the
 answer is copied (same database, same SQL, same gold: same result -- like the gold cache, this is
 what RL batches are full of, G samples per prompt); items travel as plain tuples (a fraction of the
-pickling cost of dataclasses); and each worker has a second small chunk waiting in its pipe while
-it runs one, so it never idles while the parent collects results.
+pickling cost of dataclasses); chunks are as large as `chunk_size` allows while every worker still
+gets two (a round trip to a worker costs about 0.1 ms of CPU, as much as three Spider queries); and
+each worker has a second small chunk waiting in its pipe while it runs one, so it never idles while
+the parent collects results.
 
 Submission never blocks: `submit_score` / `submit_execute_many` return a `concurrent.futures.Future`
 (an async caller wraps it with `asyncio.wrap_future`). Cancelling that future drops the batch's chunks
@@ -40,14 +42,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import asdict
+from dataclasses import asdict, astuple
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from rewards.outcome import Outcome, Status
 from rewards.reward import RewardTable
 from rewards.sandbox import Limits
-from rewards._worker import STATE, pack_score_result
+from rewards._worker import STATE
 from rewards.scoring import ScoreItem, ScoreResult, Scorer
 
 OnResult = Callable[[int, object], None]
@@ -56,6 +58,16 @@ STARTUP_TIMEOUT_S = 60.0
 MAX_ATTEMPTS = 2  # re-sends of a chunk whose worker stalled before starting any item of it
 PIPELINE_DEPTH = 2  # chunks in a worker's pipe at once: it starts the next while the parent reads results
 PIPELINE_MAX_BYTES = 16 << 10  # only this small a message may wait in the pipe (two always fit its 64 KiB)
+
+
+def chunk_length(items: int, chunk_size: int, workers: int) -> int:
+    """Items per chunk of a batch: at most `chunk_size`, and few enough that every worker gets two chunks.
+
+    Example:
+        >>> chunk_length(4166, 64, 2), chunk_length(100, 64, 2), chunk_length(256, 64, 8), chunk_length(3, 64, 2)
+        (64, 25, 16, 1)
+    """
+    return max(1, min(chunk_size, -(-items // (2 * workers))))
 
 
 class _Job:
@@ -180,13 +192,15 @@ class Executor:
         workers: worker processes (0 = run in the calling thread, no process backstop).
         limits: per-statement caps (timeout, rows, bytes, ...).
         table: reward table used to fill `ScoreResult.reward`.
-        chunk_size: items sent to a worker at once (amortises IPC; a killed worker re-queues the rest).
+        chunk_size: most items sent to a worker at once. A round trip to a worker costs about 0.1 ms of CPU,
+            so large batches go in chunks this big; a smaller batch is cut into two chunks per worker, so that
+            every worker gets a share. A killed worker's chunk is re-queued, less the item it was running.
         grace_s: slack added to the SQLite deadline before the process backstop fires.
         memory_limit_bytes: RLIMIT_AS of each worker process.
     """
 
     def __init__(self, db_root: str | Path, *, workers: int = 2, limits: Limits = Limits(),
-                 table: RewardTable = RewardTable(), chunk_size: int = 32, grace_s: float = 0.5,
+                 table: RewardTable = RewardTable(), chunk_size: int = 64, grace_s: float = 0.5,
                  memory_limit_bytes: int | None = 4 << 30):
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
@@ -293,14 +307,15 @@ class Executor:
         # Sorted by (database, gold SQL): a chunk reuses one connection and one cached gold result.
         entries = sorted(((tuple(at), payload) for payload, at in positions.items()),
                          key=lambda entry: (entry[1][0], entry[1][1] if kind == "score" else ""))
-        for start in range(0, len(entries), self.chunk_size):
-            self._queue.put((job, kind, entries[start:start + self.chunk_size], 0))
+        size = chunk_length(len(entries), self.chunk_size, self.workers)
+        for start in range(0, len(entries), size):
+            self._queue.put((job, kind, entries[start:start + size], 0))
         return job.future
 
     def _local_run(self, kind: str, payload: tuple):
         if kind == "exec":
             return self._local.execute(*payload)
-        return pack_score_result(self._local.score(ScoreItem(*payload)))
+        return self._local.score_fields(*payload)
 
     def _record(self, fresh: list) -> None:
         """Count newly answered items by outcome (prediction status for scores)."""
@@ -458,8 +473,8 @@ class Executor:
         if kind == "exec":
             return Outcome(status, error=message)
         reward = self.table.timeout if status is Status.TIMEOUT else self.table.error
-        return pack_score_result(ScoreResult(None, False, reward, status.value, status.value, pred_error=message,
-                                             gold_error=message))
+        failed = ScoreResult(None, False, reward, status.value, status.value, pred_error=message, gold_error=message)
+        return astuple(failed)[1:]  # the fields after `id`, as `Scorer.score_fields` gives them
 
 
 class _Stop(Exception):

@@ -58,6 +58,14 @@ def test_unknown_database_is_a_typed_error(demo_db_root):
     assert traversal.status is Status.ERROR and "invalid db_id" in traversal.error
 
 
+def test_unknown_database_scores_as_typed_errors(demo_db_root):
+    with Executor(demo_db_root, workers=0) as ex:
+        (result,) = ex.score([ScoreItem("atlantis", "SELECT 1", "SELECT 1", id=7)])
+    assert (result.id, result.match, result.reward, result.pred_status, result.gold_status) == (7, False, 0.0,
+                                                                                                 "error", "error")
+    assert "unknown db_id 'atlantis'" in result.pred_error and result.pred_error == result.gold_error
+
+
 def test_worker_killed_mid_query_is_replaced_and_nothing_is_lost(demo_db_root):
     before = _children()
     with Executor(demo_db_root, workers=2, limits=Limits(timeout_s=4.0), chunk_size=4) as ex:

@@ -105,3 +105,31 @@ def test_missing_database_is_a_clear_error(tmp_path):
 def test_limits_validate():
     with pytest.raises(ValueError, match="timeout_s"):
         Limits(timeout_s=0)
+
+
+def test_an_open_sandbox_keeps_its_file_steady(retail):
+    """The sandbox keeps its shared lock between queries: a writer cannot change the data under it, and can
+    again once it is closed."""
+    writer = sqlite3.connect(retail, timeout=0.1)
+    with Sandbox(retail) as sb:
+        assert sb.run("SELECT count(*) FROM customers").rows == ((400,),)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            writer.execute("DELETE FROM customers")
+            writer.commit()
+        writer.rollback()
+        assert sb.run("SELECT count(*) FROM customers").rows == ((400,),)
+    writer.execute("DELETE FROM customers WHERE id = 1")
+    writer.commit()
+    writer.close()
+    with Sandbox(retail) as sb:
+        assert sb.run("SELECT count(*) FROM customers").rows == ((399,),)
+
+
+def test_run_fields_is_run_as_a_tuple(retail):
+    with Sandbox(retail, Limits(max_rows=10)) as sb:
+        for sql in ["SELECT name, city FROM customers WHERE id < 3", "SELECT 1 WHERE 0", "SELECT * FROM nowhere",
+                    "DELETE FROM customers", "", "SELECT * FROM orders"]:
+            status, rows, columns, error, elapsed = sb.run_fields(sql)
+            outcome = sb.run(sql)
+            assert (status, rows, columns, error) == (outcome.status, outcome.rows, outcome.columns, outcome.error)
+            assert type(rows) is tuple and elapsed >= 0
