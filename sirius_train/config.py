@@ -34,7 +34,8 @@ class DataConfig:
     synth_rules: list[str] = field(default_factory=list)  # synthesis rules to use (empty: all)
     synth_joins: bool = True  # False: single-table questions only
     eval_per_db: int = 60  # synthesized held-out questions per eval database
-    sft_share: float = 0.5  # share of the pool used for the SFT warm start (the rest is the RL pool)
+    sft_share: float = 0.5  # share of the pool used for the SFT warm start
+    rl_pool: str = "rest"  # rest: RL on the examples SFT did not see | all: RL on the whole pool
     schema_style: str = "ddl"  # ddl | compact
     schema_samples: int = 3  # sample values per column shown in the prompt
     system_prompt: str | None = None  # None: the default prompt; "": no system message
@@ -214,6 +215,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("stages", cfg.stages, "give at least one stage")
     if cfg.data.schema_style not in ("ddl", "compact"):
         bad("data.schema_style", cfg.data.schema_style, "use 'ddl' or 'compact'")
+    if cfg.data.rl_pool not in ("rest", "all"):
+        bad("data.rl_pool", cfg.data.rl_pool, "use 'rest' (the examples SFT did not see) or 'all'")
     if not 0 <= cfg.data.sft_share < 1:
         bad("data.sft_share", cfg.data.sft_share, "a share in [0, 1): the rest is the RL pool")
     overlap = set(cfg.data.all_train_dbs()) & set(cfg.data.all_eval_dbs())

@@ -95,7 +95,8 @@ def prepare_data(cfg: RunConfig) -> RunData:
         random.Random(cfg.seed).shuffle(pool)
         n_sft = int(len(pool) * d.sft_share) if cfg.sft.enabled else 0
         eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000)]
-        for name, rows in (("sft", pool[:n_sft]), ("rl", pool[n_sft:]), ("eval", eval_set)):
+        rl = pool if d.rl_pool == "all" else pool[n_sft:]
+        for name, rows in (("sft", pool[:n_sft]), ("rl", rl), ("eval", eval_set)):
             write_examples(files[name], rows)
     return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), read_examples(files["eval"]),
                    prompt_format(cfg), d.compare)

@@ -55,7 +55,7 @@ def test_dapo_is_spelled_out_in_current_keys():
         "data.train_batch_size": "8",
         "actor_rollout_ref.rollout.n": "8",
         "actor_rollout_ref.actor.ppo_mini_batch_size": "4",  # 8 prompts / 2 mini-batches
-        "actor_rollout_ref.actor.optim.lr": "0.0005",
+        "actor_rollout_ref.actor.optim.lr": str(load_config(NANO).stages[0].lr),
         "actor_rollout_ref.actor.optim.clip_grad": "1.0",
         "actor_rollout_ref.model.path": "/r/sft/model",
         "trainer.total_training_steps": "12",
@@ -68,7 +68,7 @@ def test_dapo_is_spelled_out_in_current_keys():
 def test_stage_two_gets_its_own_lengths():
     o = _overrides(index=1)
     assert o["data.max_response_length"] == o["+reward.reward_kwargs.max_resp_len"] == "64"
-    assert o["actor_rollout_ref.actor.optim.lr"] == "0.00025"
+    assert o["actor_rollout_ref.actor.optim.lr"] == str(load_config(NANO).stages[1].lr)
     assert o["+sirius.entropy.target"] == "0.2"
 
 
