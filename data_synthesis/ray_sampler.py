@@ -184,7 +184,7 @@ def _check_resources(available: dict, actors: int, num_gpus: float, num_cpus: fl
     for name, per_actor in (("GPU", num_gpus), ("CPU", num_cpus)):
         need, have = actors * per_actor, available.get(name, 0)
         if need > have:
-            raise ValueError(f"{actors} actors x {per_actor} {name} = {need:g} {name}s, but the Ray cluster has "
+            raise ValueError(f"{actors} actors x {per_actor:g} {name} = {need:g} {name}s, but the Ray cluster has "
                              f"{have:g}: lower --ray-actors (or the {name}s per actor), or add nodes")
 
 

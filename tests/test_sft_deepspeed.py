@@ -93,3 +93,10 @@ def test_sirius_sft_reports_a_bad_config_in_one_line(tmp_path):
     output = " ".join(result.output.split())
     assert "error: sft.deepspeed=" in output and "zero_optimization.stage=7" in output
     assert "Traceback" not in output and not any(tmp_path.glob("*/config.yaml"))  # nothing started
+
+
+def test_the_32b_recipe_loads_and_its_deepspeed_config_fits_a_32_gpu_launch():
+    cfg = load_config(ROOT / "configs" / "sft_32b.yaml", ["model.path=/models/coder-32b", "device=cuda"])
+    assert cfg.sft.deepspeed == "configs/deepspeed/zero3.json" and cfg.sft.gradient_checkpointing
+    filled = check_sft_deepspeed(cfg.sft, device="cuda", world_size=32)
+    assert filled["train_batch_size"] == 1 * 4 * 32 and filled["zero_optimization"]["stage"] == 3

@@ -59,7 +59,13 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
     ):
         """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
+        from sirius_train.local.ranks import launch_world_size
+
         cfg = _load(config, overrides, backend=backend)
+        if launch_world_size() > 1:
+            stderr.print("[red]error:[/] `sirius train` runs in one process (backend=verl starts its own Ray "
+                         "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
+            raise typer.Exit(2)
         print_summary(run_schedule(cfg))
 
     @app.command()
