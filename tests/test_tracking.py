@@ -59,13 +59,14 @@ def test_wandb_offline_run_directory_holds_the_metrics(tmp_path, monkeypatch):
         {"stage1/step": 1, "stage1/eval_exec_acc": 0.375},  # the final evaluation, at the stage's last step
     ]
     run_id = (tmp_path / "run" / "wandb_run_id").read_text()
-    assert run_dirs[0].name.endswith(run_id)
+    assert f"-{run_id}" in run_dirs[0].name
 
     # a resumed run continues the same wandb run id
     log = MetricsLog(tmp_path / "run" / "metrics.jsonl", ["wandb"], project="sirius-test", run_name="t")
     log.log({"stage": "stage1", "step": 2, "pg_loss": 0.0})
     log.close()
-    assert all(d.name.endswith(run_id) for d in (tmp_path / "run" / "wandb").glob("offline-run-*"))
+    resumed = list((tmp_path / "run" / "wandb").glob("offline-run-*"))  # "-1" is added within the same second
+    assert len(resumed) == 2 and all(f"-{run_id}" in d.name for d in resumed)
 
 
 def test_wandb_without_api_key_goes_offline_instead_of_prompting(tmp_path, monkeypatch):
