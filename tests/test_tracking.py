@@ -3,6 +3,7 @@
 import json
 import struct
 import sys
+import time
 
 import pytest
 
@@ -15,14 +16,27 @@ ROWS = [{"stage": "sft", "step": 10, "sft_loss": 2.5},
         {"stage": "stage1", "step": -1, "eval": "final", "eval_exec_acc": 0.375}]
 
 
-def wandb_history(run_file) -> list[dict]:
-    """History rows of a `.wandb` file: wandb's record log (a 7-byte header, then 32 KiB blocks of
-    checksum/length/type-framed chunks) holding `Record` protobufs."""
+def wandb_history(run_file, timeout_s: float = 60.0) -> list[dict]:
+    """History rows of a `.wandb` file, once wandb has written its exit record (its core process writes the file
+    on its own schedule: `finish()` can return before the records are on disk)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _wandb_records(run_file)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
+
+
+def _wandb_records(run_file) -> list:
+    """The `Record` protobufs of wandb's record log: a 7-byte header, then 32 KiB blocks of
+    checksum/length/type-framed chunks."""
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = run_file.read_bytes()
     assert data[:4] == b":W&B", "not a wandb run file"
-    rows, pos, pending = [], 7, b""
+    records, pos, pending = [], 7, b""
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # block trailer too short for a header: padding
             pos += 32768 - pos % 32768
@@ -33,10 +47,9 @@ def wandb_history(run_file) -> list[dict]:
         if kind in (1, 4):  # FULL or LAST chunk: a whole record
             record = pb.Record()
             record.ParseFromString(pending)
+            records.append(record)
             pending = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
-    return rows
+    return records
 
 
 def test_wandb_offline_run_directory_holds_the_metrics(tmp_path, monkeypatch):
