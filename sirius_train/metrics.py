@@ -8,7 +8,8 @@ The JSONL file is the record; the mirrors are for looking at it, and never requi
   `WANDB_MODE=offline|disabled` is honoured. A resumed run continues the same wandb run (its id is kept in
   `run_dir/wandb_run_id`). Each stage's metrics are charted against that stage's own step (`<stage>/step`).
 - tensorboard (`logging.backends: [tensorboard]`) writes event files under `run_dir/tensorboard`.
-A backend that is asked for but not installed is a clear error naming the extra, before any training.
+A backend that is asked for but not installed is a clear error naming the extra, before any training; a
+wandb that cannot reach its server is a warning, and the run goes on without it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlparse
+
+from rich.markup import escape
 
 from data_synthesis.extras import require
 from sirius_train.jsonl import iter_jsonl, write_jsonl
@@ -104,10 +107,17 @@ class WandbSink:
             stderr.print(f"wandb: no API key (WANDB_API_KEY or `wandb login`): logging offline under {run_dir}/wandb;"
                          " upload later with `wandb sync`")
         self._steps: dict[str, int] = {}
-        self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=config, mode=mode,
-                              id=_run_id(run_dir), resume="allow", reinit="finish_previous")
+        try:
+            self.run = wandb.init(project=project, name=run_name, dir=str(run_dir), config=config, mode=mode,
+                                  id=_run_id(run_dir), resume="allow", reinit="finish_previous")
+        except Exception as e:  # wandb.errors.CommError & co: a tracker outage must not stop a training run
+            stderr.print(f"[yellow]wandb could not start, continuing without it[/] (metrics.jsonl has every row; "
+                         f"WANDB_MODE=offline logs locally): {escape(' '.join(str(e).split()))}")
+            self.run = None
 
     def log(self, stage: str, step: int | None, scalars: dict[str, float]) -> None:
+        if self.run is None:
+            return
         if stage not in self._steps:
             self.run.define_metric(f"{stage}/step")
             self.run.define_metric(f"{stage}/*", step_metric=f"{stage}/step")
@@ -117,7 +127,8 @@ class WandbSink:
         self.run.log({f"{stage}/step": step, **{f"{stage}/{k}": v for k, v in scalars.items()}})
 
     def close(self) -> None:
-        self.run.finish()
+        if self.run is not None:
+            self.run.finish()
 
 
 def wandb_mode() -> str | None:

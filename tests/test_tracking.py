@@ -116,3 +116,18 @@ def test_backend_asked_for_but_not_installed_names_the_extra(tmp_path, monkeypat
         MetricsLog(tmp_path / "metrics.jsonl", ["wandb"])
     with pytest.raises(ValueError, match=r"unknown logging backend\(s\) \['mlflow'\]"):
         MetricsLog(tmp_path / "metrics.jsonl", ["mlflow"])
+
+
+@pytest.mark.slow
+def test_unreachable_wandb_server_is_a_warning_not_a_crash(tmp_path, monkeypatch, capsys):
+    """An API key, online mode and a server that refuses connections: wandb gives up after its init timeout."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    log = MetricsLog(tmp_path / "metrics.jsonl", ["wandb", "tensorboard"])
+    log.log({"stage": "sft", "step": 1, "loss": 1.0})
+    log.close()
+    assert log.rows()[0]["loss"] == 1.0 and any((tmp_path / "tensorboard").iterdir())
+    assert "wandb could not start, continuing without it" in " ".join(capsys.readouterr().err.split())
