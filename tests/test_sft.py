@@ -78,6 +78,12 @@ def test_sft_under_deepspeed_zero3_in_one_process(tmp_path):
     after = summary["phases"][0]
     assert after["sft_steps"] == -(-after["sft_examples"] // 16)
     _assert_whole_trained_checkpoint(tmp_path / "runs" / "nano", after["sft_steps"])
+    # and the process is a plain one again: a later training here does not inherit DeepSpeed
+    import torch.distributed as dist
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    assert not dist.is_initialized() and not is_deepspeed_zero3_enabled()
+    assert not {"RANK", "WORLD_SIZE", "ACCELERATE_USE_DEEPSPEED"} & set(os.environ)
 
 
 def _assert_whole_trained_checkpoint(run_dir: Path, steps: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -169,22 +170,54 @@ def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: 
 
     output_dir = Path(output_dir)
     on_gpu = next(model.parameters()).is_cuda
-    ds_config = None
-    if options.deepspeed:
-        from sirius_train.local.deepspeed_config import check_deepspeed_config
+    with _deepspeed_process_group(options.deepspeed):
+        ds_config = None
+        if options.deepspeed:
+            from sirius_train.local.deepspeed_config import check_deepspeed_config
 
-        _single_process_launch_env()
-        plain = training_arguments(output_dir, options, on_gpu, report_to)
-        ds_config = check_deepspeed_config(options.deepspeed, plain, world_size=ranks.launch_world_size())
-    args = training_arguments(output_dir, options, on_gpu, report_to, deepspeed=ds_config)
-    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(pad_id),
-                      callbacks=list(callbacks))
-    trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-    result = trainer.train(resume_from_checkpoint=last)
-    if ds_config is not None:
-        _release_deepspeed(trainer, model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
+            plain = training_arguments(output_dir, options, on_gpu, report_to)
+            ds_config = check_deepspeed_config(options.deepspeed, plain, world_size=ranks.launch_world_size())
+        args = training_arguments(output_dir, options, on_gpu, report_to, deepspeed=ds_config)
+        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(pad_id),
+                          callbacks=list(callbacks))
+        trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
+        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        result = trainer.train(resume_from_checkpoint=last)
+        if ds_config is not None:
+            _release_deepspeed(trainer, model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
     return result
+
+
+@contextmanager
+def _deepspeed_process_group(deepspeed: str | None):
+    """DeepSpeed always trains in a process group. Outside a launcher this process is a group of one for the
+    training, and a plain process again afterwards (environment restored, group destroyed); in any case the
+    flag accelerate leaves in the environment (`ACCELERATE_USE_DEEPSPEED`) is restored, so that a later
+    training in the same process does not silently run under DeepSpeed."""
+    if not deepspeed:
+        yield
+        return
+    env = {}
+    launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
+    if not launched:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    saved = {key: os.environ.get(key) for key in [*env, "ACCELERATE_USE_DEEPSPEED"]}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if not launched and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _release_deepspeed(trainer, model, zero3: bool) -> None:
@@ -195,6 +228,7 @@ def _release_deepspeed(trainer, model, zero3: bool) -> None:
     training state, and go back to the device as fresh parameters once the engine and its optimizer shards
     are gone; a parameter shared by two modules (tied embeddings) stays shared.
     """
+    from accelerate.state import AcceleratorState
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     engine = trainer.model_wrapped
@@ -210,6 +244,9 @@ def _release_deepspeed(trainer, model, zero3: bool) -> None:
     engine.destroy()
     trainer.model_wrapped = trainer.deepspeed = None
     unset_hf_deepspeed_config()
+    # accelerate keeps its DeepSpeed state in process-wide singletons: a later Trainer in this process would
+    # inherit it (and this run's process group). Resetting them is how accelerate's own tests start over.
+    AcceleratorState._reset_state(reset_partial_state=True)
     if zero3:
         fresh: dict[int, torch.nn.Parameter] = {}
         for module in model.modules():
@@ -233,13 +270,3 @@ def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path,
     return {"init": str(init.resolve()), "data": str(handoff / "data.jsonl"), "pad_id": pad_id,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "output_dir": str(Path(output_dir).resolve()), "options": asdict(options), "report_to": list(report_to)}
-
-
-def _single_process_launch_env() -> None:
-    """DeepSpeed always runs in a process group: without a launcher, make this process a group of one."""
-    if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
