@@ -63,13 +63,18 @@ echo "== 3. sampling pass"
 SAMPLE=(synth estimate --pool "$RUN/data/eval.jsonl" --db-root "$OUT/dbs" --model "$RUN/sft/model" --k 8
         --max-new-tokens 64 --batch-size 8 --quiet)
 VLLM_NOTE="vllm not importable here: its wheels did not travel (pip install 'sirius-sql[vllm]')"
+timed() {  # timed NAME COMMAND...: wall seconds of COMMAND into $OUT/NAME.seconds
+    local name=$1 t0=$EPOCHREALTIME
+    shift
+    "$@"
+    "$PY" -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$EPOCHREALTIME" \
+        > "$OUT/$name.seconds"
+}
 if "$PY" -c "import vllm" 2>/dev/null; then
     VLLM_NOTE=""
-    /usr/bin/time -f "%e" -o "$OUT/vllm.seconds" "$PY" -m sirius_train.cli "${SAMPLE[@]}" --engine vllm \
-        --out "$OUT/rates_vllm.jsonl"
+    timed vllm "$PY" -m sirius_train.cli "${SAMPLE[@]}" --engine vllm --out "$OUT/rates_vllm.jsonl"
 fi
-/usr/bin/time -f "%e" -o "$OUT/hf.seconds" "$PY" -m sirius_train.cli "${SAMPLE[@]}" --engine hf \
-    --out "$OUT/rates_hf.jsonl"
+timed hf "$PY" -m sirius_train.cli "${SAMPLE[@]}" --engine hf --out "$OUT/rates_hf.jsonl"
 
 "$PY" - "$OUT" "$RUN" "$NGPU" "$VLLM_NOTE" <<'EOF'
 import json
