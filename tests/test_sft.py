@@ -129,9 +129,6 @@ def test_sft_on_the_nano_config_raises_held_out_execution_accuracy(tmp_path):
     assert after["eval_exec_acc"] >= before["eval_exec_acc"] + 0.15, (before, after)
 
 
-@pytest.mark.xfail(strict=True, reason="sirius_train/local/backend.py::LocalBackend.sft does not yet forward "
-                                       "sft.gradient_accumulation_steps / sft.gradient_checkpointing to train_sft; "
-                                       "remove this marker when it does")
 def test_local_backend_forwards_gradient_accumulation(tmp_path):
     from sirius_train.local.backend import LocalBackend
     from sirius_train.schedule import prepare_data
