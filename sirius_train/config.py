@@ -73,7 +73,9 @@ class SFTConfig:
     weight_decay: float = 0.0
     max_len: int = 512
     packing: bool = False  # pack several examples into one sequence (throughput on GPUs)
-    deepspeed: str | None = None  # DeepSpeed JSON (ZeRO-2/3) for multi-GPU runs; None on CPU
+    deepspeed: str | None = None  # DeepSpeed JSON (configs/deepspeed/zero2.json, zero3.json); None: no DeepSpeed
+    gradient_accumulation_steps: int = 1  # global batch = batch_size x this x processes
+    gradient_checkpointing: bool = False  # recompute activations in backward (long sequences, big models)
 
 
 @dataclass
@@ -245,6 +247,12 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
+    if cfg.sft.batch_size < 1 or cfg.sft.gradient_accumulation_steps < 1:
+        bad("sft.batch_size", cfg.sft.batch_size, "sft.batch_size and sft.gradient_accumulation_steps must be >= 1")
+    if cfg.sft.enabled and cfg.sft.deepspeed:
+        from sirius_train.local.deepspeed_config import check_sft_deepspeed
+
+        check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device)
     _validate_verl(cfg, bad)
     for backend in cfg.logging.backends:
         if backend not in ("wandb", "tensorboard"):

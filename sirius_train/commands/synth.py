@@ -2,6 +2,7 @@
 
     sirius synth pool --db-root dbs --dataset dev.json --synthesize 50 --out pool.jsonl
     sirius synth estimate --pool pool.jsonl --db-root dbs --model ckpt/ --out rates.jsonl
+    sirius synth estimate ... --model ckpt/ --engine vllm --ray-actors 8    # one vLLM engine per GPU
     sirius synth curriculum --pool pool.jsonl --rates rates.jsonl --db-root dbs --budget 2048 \\
         --model ckpt/ --out-dir runs/x/curriculum --stage stage1
 
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from sirius_train.progress import progress_bar, stderr
 
@@ -37,6 +39,13 @@ DB_ROOT = typer.Option(..., "--db-root", help="folder with <db_id>/<db_id>.sqlit
 LLM_URL = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint that writes questions")
 LLM_MODEL = typer.Option(None, "--llm-model", help="model name at --llm-url")
 QUIET = typer.Option(False, "--quiet", help="no progress bars")
+ENGINE = typer.Option("hf", "--engine", help="with --model: hf (transformers generate) or vllm (offline vLLM "
+                                             "engine, CUDA; pip install 'sirius-sql[vllm]')")
+TENSOR_PARALLEL = typer.Option(1, "--tensor-parallel", min=1, help="vllm: GPUs one engine spans (2-4 for 32B)")
+RAY_ACTORS = typer.Option(0, "--ray-actors", min=0, help="generate on N Ray actors, one engine each (ray.init: "
+                                                         "RAY_ADDRESS or a local cluster); 0: in this process")
+GPUS_PER_ACTOR = typer.Option(None, "--gpus-per-actor", min=0.0, help="GPUs each Ray actor reserves (default: "
+                                                                      "--tensor-parallel with vllm, 0 with hf)")
 
 
 @contextmanager
@@ -44,6 +53,7 @@ def clean_errors():
     """Bad input ends the command with one clear line and exit code 2, not a traceback."""
     from data_synthesis.chat_client import EndpointError
     from data_synthesis.difficulty import CacheError
+    from data_synthesis.extras import MissingExtra
     from data_synthesis.loaders import DatasetError
     from data_synthesis.records import RecordError
     from rewards.databases import UnknownDatabase
@@ -52,15 +62,26 @@ def clean_errors():
     try:
         yield
     except EndpointError as e:
-        stderr.print(f"[red]error:[/] endpoint unreachable or failing: {e}")
+        stderr.print(f"[red]error:[/] endpoint unreachable or failing: {escape(str(e))}")
         raise typer.Exit(2) from None
-    except (DatasetError, RecordError, JsonlError, CacheError, UnknownDatabase, FileNotFoundError, ValueError) as e:
-        stderr.print(f"[red]error:[/] {e}")
+    except (DatasetError, RecordError, JsonlError, CacheError, UnknownDatabase, FileNotFoundError, ValueError,
+            MissingExtra) as e:
+        stderr.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from None
 
 
-def make_sampler(model: Path | None, url: str | None, served_model: str | None, generate_batch: int):
-    """The sampler the options name: `--model` (HF generate) or `--url` + `--served-model` (OpenAI HTTP)."""
+def make_sampler(model: Path | None, url: str | None, served_model: str | None, generate_batch: int,
+                 engine: str = "hf", tensor_parallel: int = 1):
+    """The sampler the options name: `--model` (HF generate, or vLLM with `--engine vllm`) or `--url` +
+    `--served-model` (OpenAI HTTP)."""
+    return sampler_factory(model, url, served_model, generate_batch, engine, tensor_parallel)()
+
+
+def sampler_factory(model: Path | None, url: str | None, served_model: str | None, generate_batch: int,
+                    engine: str = "hf", tensor_parallel: int = 1):
+    """A picklable factory of that sampler: Ray actors (`--ray-actors`) each build their own from it."""
+    from functools import partial
+
     from data_synthesis.samplers import HFSampler, OpenAISampler
 
     if (model is None) == (url is None):
@@ -68,8 +89,14 @@ def make_sampler(model: Path | None, url: str | None, served_model: str | None, 
     if url is not None:
         if not served_model:
             raise ValueError("--url needs --served-model (the model name the endpoint serves)")
-        return OpenAISampler(url, served_model)
-    return HFSampler(model, batch_size=generate_batch)
+        return partial(OpenAISampler, url, served_model)
+    if engine == "vllm":
+        from data_synthesis.vllm_sampler import VLLMSampler
+
+        return partial(VLLMSampler, str(model), tensor_parallel_size=tensor_parallel)
+    if engine != "hf":
+        raise ValueError(f"--engine {engine!r}: use hf (transformers generate) or vllm (offline vLLM engine)")
+    return partial(HFSampler, str(model), batch_size=generate_batch)
 
 
 def make_writer(llm_url: str | None, llm_model: str | None):
@@ -198,6 +225,8 @@ def register(app: typer.Typer) -> None:
         temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
         batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
         cache: Path = typer.Option(None, "--cache", help="resume cache (default: <out>.cache.jsonl)"),
+        engine: str = ENGINE, tensor_parallel: int = TENSOR_PARALLEL, ray_actors: int = RAY_ACTORS,
+        gpus_per_actor: float = GPUS_PER_ACTOR,
         quiet: bool = QUIET,
     ):
         """Pass rate of every pool example under a policy (k samples, execution reward); resumable."""
@@ -207,14 +236,24 @@ def register(app: typer.Typer) -> None:
 
         with clean_errors():
             examples = read_examples(pool)
-            sampler = make_sampler(model, url, served_model, batch_size * k)
+            factory = sampler_factory(model, url, served_model, batch_size * k, engine, tensor_parallel)
             cache = cache or out.with_name(out.name + ".cache.jsonl")
             stderr.print(f"estimating {len(examples)} examples x k={k} (cache: {cache})")
+            options = dict(cache_path=cache, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                           seed=seed, batch_size=batch_size, compare=compare, workers=workers, policy=policy)
+            if ray_actors and url is not None:
+                raise ValueError("--ray-actors fans out local engines (--model); an endpoint (--url) serves "
+                                 "concurrent requests itself")
             with progress_bar("estimating", len(examples), not quiet) as advance:
-                estimates = run_estimate(examples, sampler, db_root, k, cache_path=cache, temperature=temperature,
-                                         top_p=top_p, max_new_tokens=max_new_tokens, seed=seed,
-                                         batch_size=batch_size, compare=compare, workers=workers, policy=policy,
-                                         progress=advance)
+                if ray_actors:
+                    from data_synthesis.ray_sampler import distributed_estimate
+
+                    gpus = gpus_per_actor if gpus_per_actor is not None else (
+                        tensor_parallel if engine == "vllm" else 0)
+                    estimates = distributed_estimate(examples, factory, db_root, k, actors=ray_actors,
+                                                     num_gpus=gpus, progress=advance, **options)
+                else:
+                    estimates = run_estimate(examples, factory(), db_root, k, progress=advance, **options)
         write_rates(out, estimates)
         counts = histogram_counts([e.pass_rate for e in estimates], 4)
         labels = ["p = 0", "(0, .25)", "[.25, .5)", "[.5, .75)", "[.75, 1)", "p = 1"]

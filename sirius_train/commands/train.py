@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from sirius_train.progress import stderr
 
@@ -15,7 +16,7 @@ def _load(config: Path | None, overrides: list[str], **forced):
     try:
         cfg = load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
     except (ConfigError, FileNotFoundError) as e:
-        stderr.print(f"[red]error:[/] {e}")
+        stderr.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from None
     return cfg
 
@@ -91,10 +92,16 @@ def register(app: typer.Typer) -> None:
                                      "verl config, validated against the installed verl; run nothing"),
     ):
         """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
+        from sirius_train.local.ranks import launch_world_size
+
         cfg = _load(config, overrides, backend=backend)
         if dry_run:
             print_verl_plan(cfg)
             return
+        if launch_world_size() > 1:
+            stderr.print("[red]error:[/] `sirius train` runs in one process (backend=verl starts its own Ray "
+                         "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
+            raise typer.Exit(2)
         from sirius_train.config import ConfigError
 
         try:
@@ -109,9 +116,22 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="run config YAML"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides"),
     ):
-        """The supervised warm start alone (loss on answer tokens), evaluated by execution accuracy."""
+        """The supervised warm start alone (loss on answer tokens), evaluated by execution accuracy.
+
+        Under a launcher (torchrun, deepspeed, accelerate launch) rank 0 runs it and the other ranks join its SFT.
+        """
+        from sirius_train.local import ranks
+        from sirius_train.local.sft import follow_sft
+
         cfg = _load(config, overrides)
         if not cfg.sft.enabled:
             stderr.print("[red]error:[/] sft.enabled=false in this config; nothing to do")
             raise typer.Exit(2)
-        print_summary(run_schedule(cfg, sft_only=True))
+        try:
+            if ranks.launch_rank() > 0:
+                follow_sft()
+                return
+            with ranks.leading():
+                print_summary(run_schedule(cfg, sft_only=True))
+        finally:
+            ranks.finish()

@@ -111,6 +111,8 @@ class LocalBackend:
         figures = train_sft(model, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
                             warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
                             packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
+                            gradient_accumulation_steps=s.gradient_accumulation_steps,
+                            gradient_checkpointing=s.gradient_checkpointing,
                             callbacks=[HFProgressCallback("SFT")], report_to=self.cfg.logging.backends)
         self.metrics.log({"stage": "sft", "step": figures["sft_steps"], **figures})
         return self._keep(out / "model", model, tokenizer), figures

@@ -1,19 +1,32 @@
 """Supervised warm start (the usual cold start before RL): next-token loss on the answer tokens only.
 
 Built on the Hugging Face `Trainer`, so the same code runs the nano warm start on a laptop CPU and a
-32B cold start under DeepSpeed ZeRO-2/3 (`deepspeed=` a JSON config, launched with `deepspeed` or
-`accelerate`) on a cluster. The answer is the SQL in the format the reward extracts (a ```sql block),
-followed by the chat template's end-of-turn, so the model learns where to stop.
+32B cold start under DeepSpeed ZeRO-2/3 (`deepspeed=` a JSON config such as `configs/deepspeed/zero3.json`)
+on a cluster. The answer is the SQL in the format the reward extracts (a ```sql block), followed by the chat
+template's end-of-turn, so the model learns where to stop.
+
+Launched on several processes (`torchrun`, `deepspeed`, `accelerate launch`; see docs/SFT.md), `sirius sft`
+runs the schedule on rank 0 and the other ranks wait in `follow_sft` (`sirius_train.local.ranks`): rank 0's
+`train_sft` writes the starting weights and the encoded data under `output_dir/handoff` (the run directory
+must be on a filesystem every node sees, as DeepSpeed checkpoints need anyway) and every rank then trains in
+one `Trainer`. Under ZeRO-3 the trained shards are gathered back into rank 0's model, so the caller saves
+and evaluates a whole model, exactly as after a one-process run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import shutil
+import socket
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from data_synthesis.prompts import chat_text
+from sirius_train.jsonl import read_jsonl, write_jsonl
+from sirius_train.local import ranks
 
 IGNORE = -100
 
@@ -75,32 +88,185 @@ class PadCollator:
         return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+@dataclass(frozen=True)
+class SFTOptions:
+    """The `Trainer` settings of one warm start: what rank 0 hands to the other ranks of a launch."""
+
+    epochs: float = 3.0
+    lr: float = 2e-3
+    batch_size: int = 32  # per device (DeepSpeed's train_micro_batch_size_per_gpu)
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    gradient_checkpointing: bool = False  # recompute activations in backward: long sequences on big models
+    deepspeed: str | None = None  # DeepSpeed JSON; None: plain PyTorch (CPU, or DDP under a launcher)
+    seed: int = 0
+
+
 def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir: str | Path, *, epochs: float = 3.0,
               lr: float = 2e-3, batch_size: int = 32, warmup_ratio: float = 0.05, weight_decay: float = 0.0,
               max_len: int = 512, packing: bool = False, deepspeed: str | None = None, seed: int = 0,
+              gradient_accumulation_steps: int = 1, gradient_checkpointing: bool = False,
               callbacks=(), report_to=()) -> dict:
-    """Fine-tune `model` on (prompt messages, answer text) pairs; resumes from `output_dir` checkpoints."""
-    from transformers import PrinterCallback, Trainer, TrainingArguments
-    from transformers.trainer_utils import get_last_checkpoint
+    """Fine-tune `model` in place on (prompt messages, answer text) pairs; resumes from `output_dir` checkpoints.
 
+    On rank 0 of a launch led by `ranks.leading()` the other ranks join this training (see the module
+    docstring); the returned figures and the trained `model` are rank 0's.
+    """
+    options = SFTOptions(epochs=epochs, lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio,
+                         weight_decay=weight_decay, deepspeed=deepspeed, seed=seed,
+                         gradient_accumulation_steps=gradient_accumulation_steps,
+                         gradient_checkpointing=gradient_checkpointing)
     encoded = [e for e in (encode_example(tokenizer, p, a, max_len) for p, a in pairs) if e is not None]
     dropped = len(pairs) - len(encoded)
     if not encoded:
         raise ValueError(f"no SFT example fits in max_len={max_len} tokens; raise sft.max_len")
     data = pack(encoded, max_len) if packing else encoded
-    output_dir = Path(output_dir)
-    on_gpu = torch.cuda.is_available() and next(model.parameters()).is_cuda
-    args = TrainingArguments(
-        output_dir=str(output_dir), num_train_epochs=epochs, learning_rate=lr, per_device_train_batch_size=batch_size,
-        warmup_steps=warmup_ratio, weight_decay=weight_decay, lr_scheduler_type="cosine", logging_steps=10,
-        save_strategy="steps", save_steps=200, save_total_limit=1, report_to=list(report_to), seed=seed,
-        data_seed=seed, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(), deepspeed=deepspeed,
-        dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
-    )
-    trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(tokenizer.pad_token_id),
-                      callbacks=list(callbacks))
-    trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
-    last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-    result = trainer.train(resume_from_checkpoint=last)
+    handoff = ranks.current_handoff()
+    if handoff is not None:
+        handoff.publish(_write_handoff(model, tokenizer.pad_token_id, data, output_dir, options, report_to))
+    result = _fit(model, tokenizer.pad_token_id, data, output_dir, options, callbacks, report_to)
+    if handoff is not None:  # every rank read it before the first (collective) step
+        shutil.rmtree(Path(output_dir) / "handoff", ignore_errors=True)
     return {"sft_loss": result.training_loss, "sft_steps": result.global_step, "sft_examples": len(encoded),
             "sft_sequences": len(data), "sft_dropped_too_long": dropped}
+
+
+def follow_sft(timeout_s: float = ranks.LEADER_TIMEOUT_S) -> bool:
+    """A rank > 0 of a launched `sirius sft`: wait for rank 0's spec and train with it; False if there was none."""
+    spec = ranks.wait_for_leader(timeout_s)
+    if spec is None:
+        return False
+    from transformers import AutoModelForCausalLM
+
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=getattr(torch, spec["dtype"]),
+                                                 local_files_only=True).to(device)
+    data = read_jsonl(Path(spec["data"]), required=("input_ids", "labels"))
+    _fit(model, spec["pad_id"], data, spec["output_dir"], SFTOptions(**spec["options"]), (), spec["report_to"])
+    return True
+
+
+def training_arguments(output_dir: str | Path, options: SFTOptions, on_gpu: bool, report_to=(), deepspeed=None):
+    """The `TrainingArguments` of a warm start (`deepspeed`: the checked config dict, or None)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(output_dir), num_train_epochs=options.epochs, learning_rate=options.lr,
+        per_device_train_batch_size=options.batch_size, gradient_accumulation_steps=options.gradient_accumulation_steps,
+        warmup_steps=options.warmup_ratio, weight_decay=options.weight_decay, lr_scheduler_type="cosine",
+        logging_steps=10, save_strategy="steps", save_steps=200, save_total_limit=1, report_to=list(report_to),
+        seed=options.seed, data_seed=options.seed, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        gradient_checkpointing=options.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if options.gradient_checkpointing else None,
+        deepspeed=deepspeed, dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
+    )
+
+
+def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions, callbacks, report_to):
+    """The one training code path of every rank: a `Trainer` (under DeepSpeed when configured), resumed if it can."""
+    from transformers import PrinterCallback, Trainer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    output_dir = Path(output_dir)
+    on_gpu = next(model.parameters()).is_cuda
+    with _deepspeed_process_group(options.deepspeed):
+        ds_config = None
+        if options.deepspeed:
+            from sirius_train.local.deepspeed_config import check_deepspeed_config
+
+            plain = training_arguments(output_dir, options, on_gpu, report_to)
+            ds_config = check_deepspeed_config(options.deepspeed, plain, world_size=ranks.launch_world_size())
+        args = training_arguments(output_dir, options, on_gpu, report_to, deepspeed=ds_config)
+        trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(pad_id),
+                          callbacks=list(callbacks))
+        trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
+        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+        result = trainer.train(resume_from_checkpoint=last)
+        if ds_config is not None:
+            _release_deepspeed(trainer, model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
+    return result
+
+
+@contextmanager
+def _deepspeed_process_group(deepspeed: str | None):
+    """DeepSpeed always trains in a process group. Outside a launcher this process is a group of one for the
+    training, and a plain process again afterwards (environment restored, group destroyed); in any case the
+    flag accelerate leaves in the environment (`ACCELERATE_USE_DEEPSPEED`) is restored, so that a later
+    training in the same process does not silently run under DeepSpeed."""
+    if not deepspeed:
+        yield
+        return
+    env = {}
+    launched = "RANK" in os.environ or "LOCAL_RANK" in os.environ
+    if not launched:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    saved = {key: os.environ.get(key) for key in [*env, "ACCELERATE_USE_DEEPSPEED"]}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if not launched and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _release_deepspeed(trainer, model, zero3: bool) -> None:
+    """Leave `model` an ordinary module: ZeRO-3 shards gathered back (whole on rank 0), DeepSpeed's hooks removed,
+    and transformers told ZeRO-3 is over (else `generate` would wait for the other ranks at every token).
+
+    Parameters are gathered one at a time into CPU memory, so the peak is one parameter beyond the sharded
+    training state, and go back to the device as fresh parameters once the engine and its optimizer shards
+    are gone; a parameter shared by two modules (tied embeddings) stays shared.
+    """
+    from accelerate.state import AcceleratorState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    engine = trainer.model_wrapped
+    device = engine.device
+    whole: dict[int, torch.Tensor] = {}
+    if zero3:
+        import deepspeed
+
+        for param in model.parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+                if ranks.launch_rank() == 0:
+                    whole[id(param)] = param.data.to("cpu", copy=True)
+    engine.destroy()
+    trainer.model_wrapped = trainer.deepspeed = None
+    unset_hf_deepspeed_config()
+    # accelerate keeps its DeepSpeed state in process-wide singletons: a later Trainer in this process would
+    # inherit it (and this run's process group). Resetting them is how accelerate's own tests start over.
+    AcceleratorState._reset_state(reset_partial_state=True)
+    if zero3:
+        fresh: dict[int, torch.nn.Parameter] = {}
+        for module in model.modules():
+            for key, param in module._parameters.items():
+                if param is not None and id(param) in whole:
+                    if id(param) not in fresh:
+                        fresh[id(param)] = torch.nn.Parameter(whole[id(param)].to(device),
+                                                              requires_grad=param.requires_grad)
+                    module._parameters[key] = fresh[id(param)]
+
+
+def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions,
+                   report_to) -> dict:
+    """Rank 0: the files and settings the other ranks train with (paths absolute: they may run elsewhere)."""
+    handoff = Path(output_dir).resolve() / "handoff"
+    init = Path(model.name_or_path or "")
+    if not (init / "config.json").is_file():  # built in memory (the nano model): write it out
+        init = handoff / "init"
+        model.save_pretrained(init)
+    write_jsonl(handoff / "data.jsonl", data)
+    return {"init": str(init.resolve()), "data": str(handoff / "data.jsonl"), "pad_id": pad_id,
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "output_dir": str(Path(output_dir).resolve()), "options": asdict(options), "report_to": list(report_to)}

@@ -1,0 +1,60 @@
+"""`VLLMSampler`: offline batched generation with `vllm.LLM`, for pass-rate estimation and inference on GPUs.
+
+One engine per process (one GPU, or `tensor_parallel_size` GPUs for a 32B model); `data_synthesis.ray_sampler`
+runs one per GPU of a cluster. Prompts are rendered with the model's chat template exactly as `HFSampler`
+renders them (`chat_text`, no extra special tokens) and handed to vLLM as token ids, so both samplers answer
+the same prompt. Each prompt gets its own seed (`seed + i`, as `OpenAISampler` sends them): vLLM seeds per
+request, so an answer does not depend on which other prompts share its batch.
+
+vLLM is an optional extra (`pip install 'sirius-sql[vllm]'`, CUDA machines only); it is imported when a
+sampler is built, and its absence is a `MissingExtra` error (`data_synthesis.extras`) that names the extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from data_synthesis.extras import require
+from data_synthesis.prompts import chat_text
+
+
+def import_vllm():
+    """The `vllm` module, or `MissingExtra` naming `pip install 'sirius-sql[vllm]'`."""
+    return require("vllm", "vllm", "the vLLM sampler",
+                   "sample with the HF sampler, or an OpenAI-compatible server with --url")
+
+
+class VLLMSampler:
+    """Sampling from a local model folder with a `vllm.LLM` engine in this process.
+
+    Args:
+        model: a local Hugging Face model folder (never downloaded at run time).
+        tensor_parallel_size: GPUs one engine spans (1 for <= 14B in bf16 on 80 GB; 2-4 for 32B).
+        gpu_memory_utilization: share of each GPU's memory vLLM may take (weights + KV cache).
+        max_model_len: prompt + answer tokens (None: the model's own limit).
+        engine_options: any other `vllm.LLM` keyword (dtype, enforce_eager, distributed_executor_backend, ...).
+    """
+
+    def __init__(self, model: str | Path, *, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85,
+                 max_model_len: int | None = None, **engine_options):
+        vllm = import_vllm()
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time)")
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: need >= 1 GPU per engine")
+        self._vllm = vllm
+        self.llm = vllm.LLM(model=str(path), tensor_parallel_size=tensor_parallel_size,
+                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                            **engine_options)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+        token_prompts = [{"prompt_token_ids": self.tokenizer(chat_text(self.tokenizer, p),
+                                                             add_special_tokens=False)["input_ids"]}
+                         for p in prompts]
+        params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                            max_tokens=max_new_tokens, seed=None if seed is None else seed + i)
+                  for i in range(len(prompts))]
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        return [[c.text for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
