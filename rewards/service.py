@@ -43,7 +43,7 @@ class ServerConfig:
     max_batch_items: int = 4_096  # items in one /v1/score request; beyond it: 413
     max_body_bytes: int = 32 << 20  # request body; beyond it: 413
     token: str | None = field(default=None, repr=False)  # bearer token required on /v1/* when set
-    chunk_size: int = 32  # items per worker message (see Executor)
+    chunk_size: int = 64  # items per worker message (see Executor)
 
     def __post_init__(self):
         object.__setattr__(self, "db_root", Path(self.db_root))

@@ -35,6 +35,7 @@ class DataConfig:
     synth_joins: bool = True  # False: single-table questions only
     eval_per_db: int = 60  # synthesized held-out questions per eval database
     sft_share: float = 0.5  # share of the pool used for the SFT warm start
+    sft_split: str = "examples"  # examples | databases: SFT and RL share the train databases, or not
     rl_pool: str = "rest"  # rest: RL on the examples SFT did not see | all: RL on the whole pool
     schema_style: str = "ddl"  # ddl | compact
     schema_samples: int = 3  # sample values per column shown in the prompt
@@ -217,6 +218,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("stages", cfg.stages, "give at least one stage")
     if cfg.data.schema_style not in ("ddl", "compact"):
         bad("data.schema_style", cfg.data.schema_style, "use 'ddl' or 'compact'")
+    if cfg.data.sft_split not in ("examples", "databases"):
+        bad("data.sft_split", cfg.data.sft_split, "use 'examples' or 'databases'")
     if cfg.data.rl_pool not in ("rest", "all"):
         bad("data.rl_pool", cfg.data.rl_pool, "use 'rest' (the examples SFT did not see) or 'all'")
     if not 0 <= cfg.data.sft_share < 1:

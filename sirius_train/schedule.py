@@ -93,13 +93,27 @@ def prepare_data(cfg: RunConfig) -> RunData:
         for path in d.pool_files:
             pool += read_examples(path)
         random.Random(cfg.seed).shuffle(pool)
-        n_sft = int(len(pool) * d.sft_share) if cfg.sft.enabled else 0
+        sft, rest = split_pool(pool, d.sft_share if cfg.sft.enabled else 0.0, d.sft_split, cfg.seed)
         eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000)]
-        rl = pool if d.rl_pool == "all" else pool[n_sft:]
-        for name, rows in (("sft", pool[:n_sft]), ("rl", rl), ("eval", eval_set)):
+        for name, rows in (("sft", sft), ("rl", pool if d.rl_pool == "all" else rest), ("eval", eval_set)):
             write_examples(files[name], rows)
     return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), read_examples(files["eval"]),
                    prompt_format(cfg), d.compare)
+
+
+def split_pool(pool: list[Example], share: float, by: str, seed: int) -> tuple[list[Example], list[Example]]:
+    """(SFT part, rest) of a shuffled pool: `share` of its examples, or of its databases when `by="databases"`.
+
+    Splitting by database leaves RL databases the warm start never saw, the same shift the held-out
+    databases have, so what RL teaches there (copying literals, reading an unseen schema) is what transfers.
+    """
+    if by == "databases":
+        dbs = sorted({e.db_id for e in pool})
+        random.Random(seed).shuffle(dbs)
+        sft_dbs = set(dbs[:round(len(dbs) * share)])
+        return [e for e in pool if e.db_id in sft_dbs], [e for e in pool if e.db_id not in sft_dbs]
+    n = int(len(pool) * share)
+    return pool[:n], pool[n:]
 
 
 def _done(phase_dir: Path) -> dict | None:
