@@ -31,6 +31,9 @@ def read_curriculum(parquet: Path) -> list[TrainItem]:
 
 class LocalBackend:
     def __init__(self, cfg: RunConfig):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # our rich bars report the phases; HF's tqdm bars would interleave
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
