@@ -66,6 +66,11 @@ def steps(run_dir: Path) -> list[dict]:
     return [r for r in rows if "reward_mean" in r]
 
 
+def applied_coef(row: dict) -> float:
+    """The coefficient the step's loss used: the logged c_k counts only while the gate was open (H_k < target)."""
+    return row["entropy_coef"] * row.get("entropy_gate_open", 1.0)
+
+
 def mean_sd(values: list[float]) -> str:
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.1f} ± {sd:.1f}"
@@ -78,8 +83,8 @@ def report(out: Path, seeds: list[int], variants: list[str], command: str) -> st
              "never trained on), after the SFT warm start and after each DAPO stage. Ablations reuse the seed's "
              "data, base model and SFT, so they differ only in the DAPO stages.", "",
              "| variant | seed | after SFT | after stage 1 | after stage 2 | DAPO − SFT (points) | "
-             "mean entropy stage 1 / 2 | min entropy | final coef | SFT s | DAPO stages s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "mean entropy stage 1 / 2 | min entropy | steps with the bonus on | largest coef applied | SFT s | DAPO stages s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     deltas: dict[str, list[float]] = {}
     finals: dict[str, list[float]] = {}
     for variant in variants:
@@ -90,13 +95,15 @@ def report(out: Path, seeds: list[int], variants: list[str], command: str) -> st
             seconds = {p["phase"]: p.get("seconds", 0.0) for p in summary["phases"]}
             rows = steps(run_dir)
             ent = {s: [r["entropy"] for r in rows if r["stage"] == s] for s in ("stage1", "stage2")}
+            applied = [applied_coef(r) for r in rows]
             delta = 100 * (ex["stage2"] - ex["sft"])
             deltas.setdefault(variant, []).append(delta)
             finals.setdefault(variant, []).append(100 * ex["stage2"])
             lines.append(
                 f"| {variant} | {seed} | {100 * ex['sft']:.1f} | {100 * ex['stage1']:.1f} | {100 * ex['stage2']:.1f} "
                 f"| {delta:+.1f} | {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
-                f"| {min(ent['stage1'] + ent['stage2']):.3f} | {rows[-1]['entropy_coef']:.4f} "
+                f"| {min(ent['stage1'] + ent['stage2']):.3f} | {sum(c > 0 for c in applied)} / {len(rows)} "
+                f"| {max(applied):.4f} "
                 f"| {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
     lines += ["", "| variant | final EX (mean ± sd over seeds) | DAPO − SFT, points (mean ± sd) |", "|---|---:|---:|"]
     lines += [f"| {v} | {mean_sd(finals[v])} | {mean_sd(deltas[v])} |" for v in variants]
@@ -118,9 +125,9 @@ def plot(out: Path, seeds: list[int], variants: list[str], path: Path) -> None:
             x = list(range(1, len(rows) + 1))
             label = variant if seed == seeds[0] else None
             axes[0].plot(x, [r["entropy"] for r in rows], color=colors.get(variant), alpha=0.7, label=label)
-            axes[1].plot(x, [r["entropy_coef"] for r in rows], color=colors.get(variant), alpha=0.7, label=label)
+            axes[1].plot(x, [applied_coef(r) for r in rows], color=colors.get(variant), alpha=0.7, label=label)
     axes[0].set(title="policy entropy per DAPO step (both stages)", xlabel="step", ylabel="entropy (nats/token)")
-    axes[1].set(title="entropy coefficient set by the gate", xlabel="step")
+    axes[1].set(title="entropy coefficient applied (gate open)", xlabel="step")
     for ax in axes:
         ax.legend(fontsize=8)
     fig.tight_layout()
