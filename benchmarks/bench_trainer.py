@@ -87,6 +87,7 @@ def prepare_policy(cfg) -> Path:
 
 
 def train_items(cfg, data):
+    """The raw RL pool as trainer items: a step's cost does not need the pass-rate curriculum built first."""
     from data_synthesis.difficulty import prompt_for
     from sirius_train.local.trainer import TrainItem
 
