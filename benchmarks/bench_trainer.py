@@ -86,7 +86,7 @@ def prepare_policy(cfg) -> Path:
         backend.close()
 
 
-def train_items(cfg, data):
+def train_items(data):
     """The raw RL pool as trainer items: a step's cost does not need the pass-rate curriculum built first."""
     from data_synthesis.difficulty import prompt_for
     from sirius_train.local.trainer import TrainItem
@@ -217,7 +217,7 @@ def worker(args) -> dict:
     cfg = load_run_config(args)
     stage = cfg.stages[args.stage]
     torch.manual_seed(args.seed)
-    items = train_items(cfg, prepare_data(cfg))
+    items = train_items(prepare_data(cfg))
     if args.worker == "trl":
         return run_trl(cfg, stage, args.model, items, args)
     return run_ours(cfg, stage, args.model, items, args, dynamic_sampling=args.worker == "ours-dapo")
