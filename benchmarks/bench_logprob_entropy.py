@@ -24,6 +24,7 @@ import sys
 import time
 
 import torch
+from _memory import status_kib
 
 from sirius_train.algorithms.logprob import DEFAULT_CHUNK_ELEMENTS, logprobs_and_entropy
 
@@ -32,14 +33,6 @@ def naive(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, tor
     """The textbook route: three logits-sized tensors (log_softmax, its exp, their product)."""
     logp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
     return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def worker(method: str, chunk_size: int | None, B: int, T: int, V: int, repeats: int, backward: bool) -> dict:
@@ -60,13 +53,13 @@ def worker(method: str, chunk_size: int | None, B: int, T: int, V: int, repeats:
 
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
-    rss_before = _status_kib("VmRSS")
+    rss_before = status_kib("VmRSS")
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run(logits, labels)
         times.append(time.perf_counter() - start)
-    return {"extra_gib": (_status_kib("VmHWM") - rss_before) / 2**20, "times": times}
+    return {"extra_gib": (status_kib("VmHWM") - rss_before) / 2**20, "times": times}
 
 
 def measure(method: str, chunk_size: int | None, args) -> dict:

@@ -49,18 +49,11 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from _memory import status_kib
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "configs" / "nano.yaml"
 CONTENDERS = ("ours", "ours-dapo", "trl")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def load_run_config(args):
@@ -111,7 +104,7 @@ def run_ours(cfg, stage, model_path: Path, items, args, dynamic_sampling: bool) 
     trainer = DAPOTrainer(model, tokenizer, items, stage, backend.executor, ckpt_dir=cfg.run_dir / "bench_ckpt",
                           metrics=backend.metrics, seed=args.seed)
     torch.set_num_threads(args.threads)
-    rss_start = _status_kib("VmRSS")
+    rss_start = status_kib("VmRSS")
     steps = []
     keep = nullcontext() if dynamic_sampling else mock.patch("sirius_train.local.trainer.dynamic_sampling_keep",
                                                             keep_every_group)
@@ -125,7 +118,7 @@ def run_ours(cfg, stage, model_path: Path, items, args, dynamic_sampling: bool) 
             steps.append({"seconds": seconds, "cpu_s": cpu, "rollout_s": row["gen_time_s"], "answers": answers,
                           "tokens": row["response_length"] * answers, "trained": row.get("n_answers", 0)})
     backend.close()
-    return {"steps": steps, "rss_start_kib": rss_start, "peak_rss_kib": _status_kib("VmHWM"),
+    return {"steps": steps, "rss_start_kib": rss_start, "peak_rss_kib": status_kib("VmHWM"),
             "threads": torch.get_num_threads()}
 
 
@@ -169,7 +162,7 @@ def run_trl(cfg, stage, model_path: Path, items, args) -> dict:
 
         def on_train_begin(self, *_, **__):
             torch.set_num_threads(args.threads)
-            self.rss_start = _status_kib("VmRSS")
+            self.rss_start = status_kib("VmRSS")
             self.marks.append((time.perf_counter(), time.process_time()))
 
         def on_step_end(self, _args, state, *_, **__):
@@ -207,7 +200,7 @@ def run_trl(cfg, stage, model_path: Path, items, args) -> dict:
     backend.close()
     steps = [{"seconds": b[0] - a[0], "cpu_s": b[1] - a[1], "rollout_s": r, "answers": len(n), "tokens": sum(n),
               "trained": len(n)} for a, b, r, n in zip(clock.marks, clock.marks[1:], rollout_s, lengths)]
-    return {"steps": steps, "rss_start_kib": clock.rss_start, "peak_rss_kib": _status_kib("VmHWM"),
+    return {"steps": steps, "rss_start_kib": clock.rss_start, "peak_rss_kib": status_kib("VmHWM"),
             "threads": torch.get_num_threads()}
 
 
