@@ -85,6 +85,41 @@ def test_dapo_updates_every_trainable_parameter(tiny_run, tmp_path):
     backend.close()
 
 
+def test_first_mini_batch_reuses_its_forward_as_pi_old(tiny_run, tmp_path):
+    """The update that reuses the first mini-batch's forward as pi_old equals the one with a separate pass."""
+    import copy
+    from dataclasses import replace
+
+    from sirius_train.local.backend import LocalBackend, read_curriculum
+    from sirius_train.local.rollout import generate
+    from sirius_train.local.trainer import DAPOTrainer
+    from sirius_train.metrics import MetricsLog
+
+    cfg, _, run_dir = tiny_run
+    backend = LocalBackend(cfg)
+    model, tokenizer = backend.load(run_dir / "sft" / "model")
+    items = read_curriculum(run_dir / "stage1" / "curriculum.parquet")[:2]
+    torch.manual_seed(0)
+    roll = generate(model, tokenizer, [it.prompt for it in items], n=4, temperature=1.0, max_new_tokens=24)
+    rows = torch.arange(8).view(2, 4)
+    groups = [(roll.select(r.tolist()), torch.tensor([1.0, 0.0, 1.0, 0.0])) for r in rows]
+    results = {}
+    for name, micro in (("reused", 64), ("separate", 2)):  # 2-answer micro-batches: no reuse
+        policy = copy.deepcopy(model)
+        stage = replace(cfg.stages[0], micro_batch_size=micro, mini_batches=2, entropy=replace(
+            cfg.stages[0].entropy, mode="fixed", coef=0.01))
+        trainer = DAPOTrainer(policy, tokenizer, items, stage, backend.executor, ckpt_dir=tmp_path / name,
+                              metrics=MetricsLog(tmp_path / f"{name}.jsonl"), seed=1)
+        torch.manual_seed(1)
+        row = trainer.update(groups)
+        results[name] = (row, {n: p.detach().clone() for n, p in policy.named_parameters()})
+    backend.close()
+    (row_a, params_a), (row_b, params_b) = results["reused"], results["separate"]
+    assert row_a["entropy"] == pytest.approx(row_b["entropy"], rel=1e-5)
+    for n in params_a:
+        assert torch.allclose(params_a[n], params_b[n], atol=1e-6, rtol=1e-5), n
+
+
 @pytest.mark.timeout(900)
 def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
     args = ["train", str(NANO), *tiny_overrides(tmp_path, "killed")]

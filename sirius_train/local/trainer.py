@@ -243,25 +243,37 @@ class DAPOTrainer:
         token_adv = advantages[:, None] * mask  # (N, R): Â_i on every token of answer i
         N = mask.shape[0]
         micro = max(1, cfg.micro_batch_size)
-        with torch.no_grad():  # π_old: the policy that sampled, before any update of this step
-            old_parts, ent_parts = zip(*(response_logprobs(self.model, batch.select(range(s, min(s + micro, N))),
-                                                           cfg.temperature) for s in range(0, N, micro)))
-            old_log_prob, old_entropy = torch.cat(old_parts), torch.cat(ent_parts)
+        self.model.train()
+        orders = [_split(torch.randperm(N).tolist(), cfg.mini_batches) for _ in range(cfg.ppo_epochs)]
+        # π_old is the policy that sampled, before any update of this step. The first mini-batch's own forward
+        # runs under it, so when that mini-batch is one micro-batch its log-probs serve as π_old's too and the
+        # separate no-grad pass covers only the other answers (half the pass with two mini-batches).
+        first = orders[0][0] if len(orders[0][0]) <= micro else []
+        first_pass = response_logprobs(self.model, batch.select(first), cfg.temperature) if first else None
+        others = sorted(set(range(N)) - set(first))
+        old_log_prob = torch.zeros_like(mask)
+        old_entropy = torch.zeros_like(mask)
+        with torch.no_grad():
+            for s in range(0, len(others), micro):
+                idx = others[s:s + micro]
+                old_log_prob[idx], old_entropy[idx] = response_logprobs(self.model, batch.select(idx), cfg.temperature)
+            if first_pass is not None:
+                old_log_prob[first], old_entropy[first] = first_pass[0].detach(), first_pass[1].detach()
         entropy_k = float((old_entropy * mask).sum() / mask.sum().clamp(min=1))
         coef = self.gate.active_coefficient(entropy_k)
         sums: dict[str, float] = {}
         weights = 0.0
         grad_norms = []
-        self.model.train()
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(N).tolist()
-            for mb in _split(order, cfg.mini_batches):
+        for mini_batches in orders:
+            for mb in mini_batches:
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_tokens = mask[mb].sum().clamp(min=1)
                 for start in range(0, len(mb), micro):
                     idx = mb[start:start + micro]
-                    part = batch.select(idx)
-                    log_prob, entropy = response_logprobs(self.model, part, cfg.temperature)
+                    if first_pass is not None and mb is first and start == 0:
+                        (log_prob, entropy), first_pass = first_pass, None
+                    else:
+                        log_prob, entropy = response_logprobs(self.model, batch.select(idx), cfg.temperature)
                     pg_loss, m = policy_loss(log_prob, old_log_prob[idx], token_adv[idx], mask[idx],
                                              clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
                                              num_tokens_global=mb_tokens)
