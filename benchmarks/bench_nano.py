@@ -48,7 +48,7 @@ def copy_run(src: Path, dst: Path, parts=("base", "sft", "data")) -> None:
             done.write_text(json.dumps(info, indent=2))
     if (src / "metrics.jsonl").is_file():  # the SFT rows belong to the copy too
         rows = [line for line in (src / "metrics.jsonl").read_text().splitlines()
-                if line.strip() and json.loads(line).get("stage") in [p for p in parts if p != "data"]]
+                if line.strip() and json.loads(line).get("stage") in parts]
         (dst / "metrics.jsonl").write_text("".join(r + "\n" for r in rows))
 
 

@@ -169,15 +169,14 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
             rates, sampler = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
             smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
                                         keep_zero_share=stage.keep_zero_share)
-            filler = None
-            if stage.fill_bins and stage.curriculum == "smoothed":
-                filler = MutationFiller(data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
-                                        cache_path=stage_dir / "fill.cache.jsonl", temperature=stage.temperature,
-                                        top_p=stage.top_p, max_new_tokens=stage.max_new_tokens, compare=data.compare,
-                                        prompt_format=data.prompt_format, policy=str(model))
-            if stage.curriculum == "uniform":  # ablation: no smoothing
+            if stage.curriculum == "uniform":  # ablation: no smoothing, no gap filling
                 curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index)
             else:
+                filler = MutationFiller(
+                    data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
+                    cache_path=stage_dir / "fill.cache.jsonl", temperature=stage.temperature, top_p=stage.top_p,
+                    max_new_tokens=stage.max_new_tokens, compare=data.compare, prompt_format=data.prompt_format,
+                    policy=str(model)) if stage.fill_bins else None
                 curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing,
                                               seed=cfg.seed + index, filler=filler)
             paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,

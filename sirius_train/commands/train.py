@@ -10,14 +10,19 @@ from rich.markup import escape
 from sirius_train.progress import stderr
 
 
+def _fail(error: Exception) -> typer.Exit:
+    """Print `error` as one line (its text verbatim, not read as rich markup) and return the exit to raise."""
+    stderr.print(f"[red]error:[/] {escape(str(error))}")
+    return typer.Exit(2)
+
+
 def _load(config: Path | None, overrides: list[str], **forced):
     from sirius_train.config import ConfigError, load_config
 
     try:
         cfg = load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
     except (ConfigError, FileNotFoundError) as e:
-        stderr.print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from None
+        raise _fail(e) from None
     return cfg
 
 
@@ -85,7 +90,7 @@ def print_summary(summary: dict) -> None:
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
     def train(
-        config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b.yaml, ...)"),
+        config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b_8gpu.yaml, ...)"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. stages.0.steps=10 seed=1"),
         backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="verl: print each stage's command and resolved "
@@ -107,8 +112,7 @@ def register(app: typer.Typer) -> None:
         try:
             summary = run_schedule(cfg)
         except ConfigError as e:  # e.g. the verl backend refusing a key before it launches anything
-            stderr.print(f"[red]error:[/] {e}")
-            raise typer.Exit(2) from None
+            raise _fail(e) from None
         print_summary(summary)
 
     @app.command()
