@@ -18,7 +18,6 @@ exactly one answer.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from rewards.protocol import ExecuteResponse, HealthResponse, result_from_wire
+from rewards.protocol import ExecuteResponse, HealthResponse, dumps, loads, result_from_wire
 from rewards.scoring import ScoreItem, ScoreResult
 
 RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -142,7 +141,7 @@ class RewardClient:
 
     def execute(self, db_id: str, sql: str, max_rows: int = 20) -> ExecuteResponse:
         """Run one query on a server: typed outcome and the first `max_rows` rows."""
-        body = json.dumps({"db_id": db_id, "sql": sql, "max_rows": max_rows}).encode()
+        body = dumps({"db_id": db_id, "sql": sql, "max_rows": max_rows})
         return ExecuteResponse.model_validate_json(self._post("/v1/execute", body).content)
 
     def health(self) -> dict[str, HealthResponse | str]:
@@ -175,9 +174,9 @@ class RewardClient:
 
     def _score_chunk(self, chunk: list) -> list[ScoreResult]:
         wire = [_wire_item(item, position) for position, item in enumerate(chunk)]
-        response = self._post("/v1/score", json.dumps({"items": wire}).encode())
+        response = self._post("/v1/score", dumps({"items": wire}))
         try:
-            results = json.loads(response.content)["results"]
+            results = loads(response.content)["results"]
             if [r["id"] for r in results] != list(range(len(chunk))):
                 raise ValueError(f"expected {len(chunk)} results in order, got {len(results)}")
             return [result_from_wire(r, _item_id(item)) for r, item in zip(results, chunk)]

@@ -10,8 +10,10 @@ functions, `result_to_wire` / `result_from_wire`, instead of a pydantic object p
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Union
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rewards.compare import CompareMode
@@ -77,6 +79,28 @@ class ScoreResultItem(BaseModel):
 
 class ScoreResponse(BaseModel):
     results: list[ScoreResultItem]
+
+
+def dumps(obj) -> bytes:
+    """JSON bytes by orjson (3-4x faster than `json` on score batches); strings with lone surrogates,
+    which orjson refuses, go through `json` as ASCII escapes instead, so nothing a client sends is unanswerable.
+
+    Example:
+        >>> dumps({"sql": "SELECT 1"}), dumps({"sql": "\\ud800"})
+        (b'{"sql":"SELECT 1"}', b'{"sql": "\\\\ud800"}')
+    """
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError:
+        return json.dumps(obj).encode()
+
+
+def loads(data: bytes | str):
+    """Parse JSON (orjson; `json` for escaped lone surrogates, which orjson refuses). Raises ValueError."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def result_to_wire(r: ScoreResult) -> dict:

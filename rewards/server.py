@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from rewards.protocol import (ErrorBody, ErrorResponse, ExecuteRequest, ExecuteResponse, HealthResponse,
-                              ScoreRequest, ScoreResponse, result_to_wire)
+                              ScoreRequest, ScoreResponse, dumps, result_to_wire)
 from rewards.service import (BatchTooLarge, DatabaseNotFound, Overloaded, RewardService, ServerConfig,
                              ServiceError, ShuttingDown)
 
@@ -121,8 +120,7 @@ def _json(model: BaseModel, status_code: int = 200, headers: dict | None = None)
 
 
 def _score_json(results) -> Response:
-    body = json.dumps({"results": [result_to_wire(r) for r in results]})  # ASCII: lone surrogates stay escaped
-    return Response(body.encode(), media_type="application/json")
+    return Response(dumps({"results": [result_to_wire(r) for r in results]}), media_type="application/json")
 
 
 async def _answer(request: Request, work: Awaitable, encode: Callable[..., Response]) -> Response:
