@@ -112,6 +112,7 @@ class StageConfig:
     mini_batches: int = 2  # optimizer steps per rollout batch (clip-higher needs more than one)
     ppo_epochs: int = 1
     micro_batch_size: int = 32
+    old_logprobs: str = "sampler"  # pi_old: kept from sampling (no extra pass) | recompute (one no-grad pass)
     clip_low: float = 0.2
     clip_high: float = 0.28
     clip_c: float = 10.0
@@ -246,6 +247,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.entropy.mode", s.entropy.mode, f"use one of {list(ENTROPY_MODES)}")
         if s.steps < 1 or s.budget < 1:
             bad(f"{key}.steps", s.steps, "steps and budget must be >= 1")
+        if s.old_logprobs not in ("sampler", "recompute"):
+            bad(f"{key}.old_logprobs", s.old_logprobs, "use 'sampler' (kept from generation) or 'recompute'")
         if s.curriculum not in ("smoothed", "uniform"):
             bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:

@@ -2,7 +2,9 @@
 
 The trainer needs more than texts: the exact token ids it sampled (to score their log-probs), a mask
 of which response tokens count, and whether a response was cut at the length limit (for DAPO's
-overlong shaping). Generation stops at EOS or as soon as the SQL block is closed.
+overlong shaping). Generation stops at EOS or as soon as the SQL block is closed. On request it also
+keeps each sampled token's log-prob and entropy under the sampling policy, read off the logits `generate`
+computes anyway, so that the update needs no separate pass for pi_old.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from data_synthesis.prompts import chat_text
 
@@ -26,6 +28,8 @@ class Rollout:
     texts: list[str]
     lengths: torch.Tensor  # (N,) number of response tokens that count
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without finishing
+    old_log_prob: torch.Tensor | None = None  # (N, R) log pi_old(token) at sampling time, 0 off the mask
+    old_entropy: torch.Tensor | None = None  # (N, R) entropy of pi_old there, 0 off the mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -39,7 +43,47 @@ class Rollout:
         index = torch.as_tensor(index, dtype=torch.long)
         return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
                        self.response_mask[index], [self.texts[i] for i in index.tolist()], self.lengths[index],
-                       self.truncated[index])
+                       self.truncated[index], *_rows(index, self.old_log_prob, self.old_entropy))
+
+
+def _rows(index, *tensors):
+    return [None if t is None else t[index] for t in tensors]
+
+
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records log pi(token) and H(pi) for every token `generate` samples, pi = softmax(logits / temperature).
+
+    Custom processors run before HF's temperature / top-p warpers, so this sees the raw logits and records
+    the full tempered softmax -- the pi_old of DAPO's ratio, as `logprobs_and_entropy` computes it in the
+    update -- not the top-p truncated distribution. The token drawn from step t's distribution is only known
+    at step t+1 (or, for the last step, from the output), so one (B, V) row of log-probs waits in between.
+    """
+
+    def __init__(self, temperature: float, prompt_len: int):
+        self.temperature, self.prompt_len = temperature, prompt_len
+        self.pending: torch.Tensor | None = None  # (B, V) log-probs of the last step, awaiting its token
+        self.log_probs: list[torch.Tensor] = []  # per step, (B,)
+        self.entropies: list[torch.Tensor] = []  # per step, (B,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[1] > self.prompt_len:
+            self._take(input_ids[:, -1])
+        log_p = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        self.entropies.append(-(log_p.exp() * log_p).sum(dim=-1))
+        self.pending = log_p
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.log_probs.append(self.pending.gather(1, tokens[:, None])[:, 0])
+        self.pending = None
+
+    def result(self, sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, R) log-probs and entropies of the R sampled tokens of `sequences` (prompt + response)."""
+        if self.pending is not None:
+            self._take(sequences[:, -1])
+        R = sequences.shape[1] - self.prompt_len
+        assert len(self.log_probs) == len(self.entropies) == R, (len(self.log_probs), len(self.entropies), R)
+        return torch.stack(self.log_probs, dim=1), torch.stack(self.entropies, dim=1)
 
 
 class SQLBlockClosed(StoppingCriteria):
@@ -76,35 +120,65 @@ def encode_prompts(tokenizer, prompts: list[list[dict]], device) -> tuple[torch.
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-             max_new_tokens: int = 128, batch_size: int = 64) -> Rollout:
-    """Sample `n` answers per prompt (grouped: answers of prompt i are rows i*n .. i*n+n-1)."""
+             max_new_tokens: int = 128, batch_size: int = 64, record_logprobs: bool = False) -> Rollout:
+    """Sample `n` answers per prompt (grouped: answers of prompt i are rows i*n .. i*n+n-1), about
+    `batch_size` sequences at a time (whole groups; a group larger than that is one call).
+
+    The n answers of a prompt share one prefill (`shared_prefill`). With `record_logprobs` (sampling
+    only) the rollout carries each token's log-prob and entropy under the sampling policy
+    (`SampledTokenLogprobs`)."""
+    record = record_logprobs and temperature > 0
     device = next(model.parameters()).device
-    flat = [p for p in prompts for _ in range(n)]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    per_call = max(1, batch_size // n)  # prompts per generate call
     was_training = model.training
     model.eval()
     parts = []
     try:
-        for start in range(0, len(flat), batch_size):
-            prompt_ids, prompt_mask = encode_prompts(tokenizer, flat[start:start + batch_size], device)
+        for start in range(0, len(prompts), per_call):
+            prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
+            cache = shared_prefill(model, prompt_ids, prompt_mask, n)
+            prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
+            recorder = SampledTokenLogprobs(temperature, prompt_ids.shape[1]) if record else None
             out = model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=temperature > 0,
                 temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
                 top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
                 stopping_criteria=StoppingCriteriaList([SQLBlockClosed(tokenizer, prompt_ids.shape[1])]),
+                logits_processor=LogitsProcessorList([recorder] if record else []), past_key_values=cache,
             )
-            parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:]))
+            parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], recorder and recorder.result(out)))
     finally:
         model.train(was_training)
     return _assemble(parts, tokenizer, max_new_tokens)
 
 
+def shared_prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int) -> DynamicCache | None:
+    """The KV cache of each prompt but its last token, computed once and repeated for its `n` answers.
+
+    `generate` then runs only the last prompt token and the answers: the same tokens as prefilling every
+    copy (a test checks it), at 1/n of the prompt's compute -- which, with prompts of a schema and a
+    question and answers of one SQL query, is most of a rollout's compute. Positions follow `generate`'s
+    own rule for left padding.
+    """
+    if prompt_ids.shape[1] < 2:
+        return None
+    positions = (prompt_mask.cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)  # (B, P)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
+          past_key_values=cache, use_cache=True)
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+    return cache
+
+
 def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    P = max(p.shape[1] for p, _, _ in parts)
-    R = max(max(r.shape[1] for _, _, r in parts), 1)
+    P = max(p[0].shape[1] for p in parts)
+    R = max(max(p[2].shape[1] for p in parts), 1)
     prompt_ids, prompt_mask, response_ids, response_mask, lengths, truncated, texts = [], [], [], [], [], [], []
-    for p_ids, p_mask, resp in parts:
+    recorded: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for p_ids, p_mask, resp, sampled in parts:
         n = resp.shape[0]
         prompt_ids.append(torch.nn.functional.pad(p_ids, (P - p_ids.shape[1], 0), value=pad))
         prompt_mask.append(torch.nn.functional.pad(p_mask, (P - p_mask.shape[1], 0), value=0))
@@ -121,5 +195,8 @@ def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
         lengths.append(length)
         truncated.append((length >= max_new_tokens) & ~ended_with_eos)
         texts += tokenizer.batch_decode(resp * mask + pad * (1 - mask), skip_special_tokens=True)
+        if sampled is not None:
+            recorded.append(tuple(torch.nn.functional.pad(x, (0, R - x.shape[1])) * mask for x in sampled))
+    old = [torch.cat(xs) for xs in zip(*recorded)] if recorded else [None, None]
     return Rollout(torch.cat(prompt_ids), torch.cat(prompt_mask), torch.cat(response_ids), torch.cat(response_mask),
-                   texts, torch.cat(lengths), torch.cat(truncated))
+                   texts, torch.cat(lengths), torch.cat(truncated), *old)

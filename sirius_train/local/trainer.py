@@ -7,7 +7,7 @@ One step, in the order DAPO prescribes (Yu et al. 2025) and SPEC section 3 write
   3. filter    -- dynamic sampling: keep groups with 0 < #correct < G; generate more rounds until the
                   batch is full or the round budget is spent (then train on what there is, and log it);
   4. advantage -- group-normalised, the same for every token of an answer;
-  5. update    -- old log-probs once, then several mini-batch steps of the clipped token-mean loss
+  5. update    -- old log-probs (kept from sampling, or one no-grad pass), then several mini-batch steps of the clipped token-mean loss
                   minus the gated entropy bonus; gradient clipping; AdamW with warmup;
   6. gate      -- the entropy coefficient moves once, from this step's entropy.
 The math is in `sirius_train.algorithms`; this file only orchestrates it.
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from rewards.executor import Executor
 from rewards.extract import extract_sql
@@ -85,12 +86,42 @@ class EpochSampler:
 
 def response_logprobs(model, roll: Rollout, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies (N, R) of the sampled response tokens under `model`."""
+    shared = roll.response_ids.shape[1] > 1 and not getattr(model, "is_gradient_checkpointing", False)
+    logits = shared_prompt_logits(model, roll) if shared else full_logits(model, roll)  # (N, R, V)
+    return logprobs_and_entropy(logits, roll.response_ids, temperature=temperature)
+
+
+def full_logits(model, roll: Rollout) -> torch.Tensor:
+    """Response logits (N, R, V) from one forward over every (prompt + response) row."""
     input_ids, attention_mask = roll.input_ids, roll.attention_mask  # (N, P + R)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the prompt
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits  # (N, P + R, V)
+    return logits[:, roll.prompt_ids.shape[1] - 1:-1]
+
+
+def shared_prompt_logits(model, roll: Rollout) -> torch.Tensor:
+    """`full_logits`, with each distinct prompt run once for all its answers.
+
+    The unique prompts go through the model once; their KV cache is gathered for every answer, and only the
+    answers' own tokens run per row. Same values and gradients as the full forward (a test checks), but a
+    group of G answers pays for its prompt once, not G times -- and text-to-SQL prompts (schema + question)
+    are long while answers (one query) are short.
+    """
     P = roll.prompt_ids.shape[1]
-    return logprobs_and_entropy(logits[:, P - 1:-1], roll.response_ids, temperature=temperature)  # (N, R) each
+    attention_mask = roll.attention_mask  # (N, P + R)
+    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P + R), as in `full_logits`
+    prompts, row_prompt = torch.unique(roll.prompt_ids, dim=0, return_inverse=True)  # (U, P), (N,)
+    first_row = torch.full((len(prompts),), len(row_prompt), dtype=torch.long, device=row_prompt.device)
+    first_row = first_row.scatter_reduce(0, row_prompt, torch.arange(len(row_prompt), device=row_prompt.device),
+                                         reduce="amin")  # (U,) one row holding each prompt
+    cache = DynamicCache(config=model.config)
+    prompt_logits = model(input_ids=prompts, attention_mask=roll.prompt_mask[first_row],
+                          position_ids=positions[first_row, :P], past_key_values=cache, use_cache=True).logits
+    cache.batch_select_indices(row_prompt)  # (U, ...) -> (N, ...): each answer gets its prompt's keys and values
+    answer_logits = model(input_ids=roll.response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                          position_ids=positions[:, P:-1], past_key_values=cache, use_cache=True).logits
+    return torch.cat([prompt_logits[row_prompt, -1:], answer_logits], dim=1)  # (N, R, V)
 
 
 def trim(roll: Rollout) -> Rollout:
@@ -99,8 +130,9 @@ def trim(roll: Rollout) -> Rollout:
     keep_r = roll.response_mask.any(dim=0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else 0
     r1 = int(keep_r[-1]) + 1 if len(keep_r) else 1
+    old = [None if x is None else x[:, :r1] for x in (roll.old_log_prob, roll.old_entropy)]
     return Rollout(roll.prompt_ids[:, p0:], roll.prompt_mask[:, p0:], roll.response_ids[:, :r1],
-                   roll.response_mask[:, :r1], roll.texts, roll.lengths, roll.truncated)
+                   roll.response_mask[:, :r1], roll.texts, roll.lengths, roll.truncated, *old)
 
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -113,12 +145,15 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     def right(x, width, value):
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
+    recorded = parts[0].old_log_prob is not None
+    old = [torch.cat([right(getattr(r, name), R, 0.0) for r in parts]) if recorded else None
+           for name in ("old_log_prob", "old_entropy")]
     return Rollout(torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
                    torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
                    torch.cat([right(r.response_ids, R, pad_id) for r in parts]),
                    torch.cat([right(r.response_mask, R, 0) for r in parts]),
                    [t for r in parts for t in r.texts], torch.cat([r.lengths for r in parts]),
-                   torch.cat([r.truncated for r in parts]))
+                   torch.cat([r.truncated for r in parts]), *old)
 
 
 class DAPOTrainer:
@@ -196,7 +231,7 @@ class DAPOTrainer:
             indices = self.sampler.take(cfg.prompts_per_step)
             roll = generate(self.model, self.tokenizer, [self.items[i].prompt for i in indices], n=G,
                             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.gen_batch_size)
+                            batch_size=cfg.gen_batch_size, record_logprobs=cfg.old_logprobs == "sampler")
             generated += int(roll.lengths.sum())
             correct, rewards = self.score(roll, [self.items[i] for i in indices for _ in range(G)])
             correct, rewards = correct.view(-1, G), rewards.view(-1, G)  # (n_prompts, G)
@@ -245,20 +280,15 @@ class DAPOTrainer:
         micro = max(1, cfg.micro_batch_size)
         self.model.train()
         orders = [_split(torch.randperm(N).tolist(), cfg.mini_batches) for _ in range(cfg.ppo_epochs)]
-        # π_old is the policy that sampled, before any update of this step. The first mini-batch's own forward
-        # runs under it, so when that mini-batch is one micro-batch its log-probs serve as π_old's too and the
-        # separate no-grad pass covers only the other answers (half the pass with two mini-batches).
-        first = orders[0][0] if len(orders[0][0]) <= micro else []
-        first_pass = response_logprobs(self.model, batch.select(first), cfg.temperature) if first else None
-        others = sorted(set(range(N)) - set(first))
-        old_log_prob = torch.zeros_like(mask)
-        old_entropy = torch.zeros_like(mask)
-        with torch.no_grad():
-            for s in range(0, len(others), micro):
-                idx = others[s:s + micro]
-                old_log_prob[idx], old_entropy[idx] = response_logprobs(self.model, batch.select(idx), cfg.temperature)
-            if first_pass is not None:
-                old_log_prob[first], old_entropy[first] = first_pass[0].detach(), first_pass[1].detach()
+        if batch.old_log_prob is not None:  # pi_old as the sampler saw it: no extra forward pass
+            old_log_prob, old_entropy = batch.old_log_prob.to(self.device), batch.old_entropy.to(self.device)
+        else:  # pi_old recomputed by a full forward, before any update of this step (as verl does)
+            old_log_prob, old_entropy = torch.zeros_like(mask), torch.zeros_like(mask)
+            with torch.no_grad():
+                for start in range(0, N, micro):
+                    idx = list(range(start, min(start + micro, N)))
+                    old_log_prob[idx], old_entropy[idx] = response_logprobs(self.model, batch.select(idx),
+                                                                            cfg.temperature)
         entropy_k = float((old_entropy * mask).sum() / mask.sum().clamp(min=1))
         coef = self.gate.active_coefficient(entropy_k)
         sums: dict[str, float] = {}
@@ -270,10 +300,7 @@ class DAPOTrainer:
                 mb_tokens = mask[mb].sum().clamp(min=1)
                 for start in range(0, len(mb), micro):
                     idx = mb[start:start + micro]
-                    if first_pass is not None and mb is first and start == 0:
-                        (log_prob, entropy), first_pass = first_pass, None
-                    else:
-                        log_prob, entropy = response_logprobs(self.model, batch.select(idx), cfg.temperature)
+                    log_prob, entropy = response_logprobs(self.model, batch.select(idx), cfg.temperature)
                     pg_loss, m = policy_loss(log_prob, old_log_prob[idx], token_adv[idx], mask[idx],
                                              clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
                                              num_tokens_global=mb_tokens)
