@@ -2,7 +2,8 @@
 candidate generation and evaluation use, whatever serves the model.
 
 - `HFSampler`: a Hugging Face causal LM in this process (a local path, or a live model object --
-  the trainer passes its current policy to re-estimate difficulty), batched `generate` on CPU or GPU.
+  the trainer passes its current policy to re-estimate difficulty), through the trainer's rollout
+  `generate` (batched, one prefill per prompt) on CPU or GPU.
 - `OpenAISampler`: any OpenAI-compatible server (vLLM's on a cluster), through `ChatClient`.
 """
 
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from data_synthesis.chat_client import ChatClient
-from data_synthesis.prompts import chat_text
 
 
 @runtime_checkable
@@ -30,7 +30,7 @@ class HFSampler:
     Args:
         model: a local model folder, or a loaded `PreTrainedModel`.
         tokenizer: its tokenizer (loaded from `model` when that is a path and this is None).
-        batch_size: sequences generated together (prompts x samples are flattened, then batched).
+        batch_size: sequences generated together (whole groups of a prompt's samples).
     """
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 16, device: str | None = None):
@@ -52,32 +52,16 @@ class HFSampler:
             tokenizer.pad_token = tokenizer.eos_token
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+        """The trainer's own rollout path: a prompt's answers share one prefill, and stop at the end of SQL."""
         import torch
 
-        texts = [chat_text(self.tokenizer, p) for p in prompts]
-        flat = [t for t in texts for _ in range(n)]
-        outputs: list[str] = []
-        device = next(self.model.parameters()).device
-        was_training = self.model.training
-        self.model.eval()
-        side = self.tokenizer.padding_side
-        self.tokenizer.padding_side = "left"
-        try:
-            if seed is not None:
-                torch.manual_seed(seed)
-            for start in range(0, len(flat), self.batch_size):
-                batch = self.tokenizer(flat[start:start + self.batch_size], return_tensors="pt", padding=True,
-                                       add_special_tokens=False).to(device)
-                with torch.no_grad():
-                    out = self.model.generate(**batch, do_sample=temperature > 0, temperature=temperature or None,
-                                              top_p=top_p if temperature > 0 else None, max_new_tokens=max_new_tokens,
-                                              pad_token_id=self.tokenizer.pad_token_id)
-                new = out[:, batch["input_ids"].shape[1]:]
-                outputs += self.tokenizer.batch_decode(new, skip_special_tokens=True)
-        finally:
-            self.tokenizer.padding_side = side
-            self.model.train(was_training)
-        return [outputs[i * n:(i + 1) * n] for i in range(len(prompts))]
+        from sirius_train.local.rollout import generate
+
+        if seed is not None:
+            torch.manual_seed(seed)
+        texts = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
+                         max_new_tokens=max_new_tokens, batch_size=self.batch_size).texts
+        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
 class OpenAISampler:
