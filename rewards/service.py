@@ -30,6 +30,7 @@ from rewards.sandbox import Limits
 RATE_WINDOW_S = 10.0
 SHUTTING_DOWN = "the server is shutting down; send the request to another server"
 RETRY_AFTER_CAP_S = 30
+DB_CHECK_TTL_S = 5.0  # a database found on disk is not looked up again for this long
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class RewardService:
         self._admitted = 0
         self._lock = threading.Lock()
         self._closing = False
+        self._found_dbs: dict[str, float] = {}  # db_id -> when its file was last seen
         self.metrics = ServerMetrics(self.stats)
 
     @classmethod
@@ -202,9 +204,13 @@ class RewardService:
         for position, db_id in enumerate(db_ids):
             positions.setdefault(db_id, []).append(position)
         problems = []
+        now = time.monotonic()
         for db_id, at in positions.items():  # one file check per distinct database, not per item
+            if now - self._found_dbs.get(db_id, -math.inf) < DB_CHECK_TTL_S:
+                continue  # seen moments ago: a file stat per database per request is a visible share of the CPU
             try:
                 resolve_db_path(self.config.db_root, db_id)
+                self._found_dbs[db_id] = now
             except UnknownDatabase as e:
                 problems.append((str(e), at))
         if problems:
