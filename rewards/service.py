@@ -198,7 +198,8 @@ class RewardService:
         """Refuse the whole request, before any work, if a db_id is not a database under --db-root.
 
         A missing database is a deployment problem, not a wrong answer: scoring it as reward 0 would
-        silently poison training, so the request fails loudly instead.
+        silently poison training, so the request fails loudly instead. A database found on disk is trusted
+        for `DB_CHECK_TTL_S`; one removed within that window still fails, as typed per-item errors.
         """
         positions: dict[str, list[int]] = {}
         for position, db_id in enumerate(db_ids):

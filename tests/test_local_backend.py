@@ -120,8 +120,8 @@ def test_shared_prompt_forward_equals_the_full_forward(tiny_run):
     """Answers that share a prompt share its forward: same log-probs, entropies and gradients as one forward
     over every (prompt + answer) row, for a shuffled mix of groups with different prompt and answer lengths."""
     from sirius_train.local.backend import LocalBackend, read_curriculum
-    from sirius_train.local.rollout import generate
-    from sirius_train.local.trainer import full_logits, shared_prompt_logits, trim
+    from sirius_train.local.rollout import generate, left_pad_positions
+    from sirius_train.local.trainer import response_logits, trim
 
     cfg, _, run_dir = tiny_run
     backend = LocalBackend(cfg)
@@ -134,8 +134,14 @@ def test_shared_prompt_forward_equals_the_full_forward(tiny_run):
     batch = trim(roll.select(torch.randperm(12)[:9]))  # a mini-batch: some answers of each prompt, shuffled
     mask = batch.response_mask.bool()
     assert len(set(batch.lengths.tolist())) > 1 and len(set(batch.prompt_mask.sum(1).tolist())) > 1
+
+    def one_forward_per_row(model, roll):
+        logits = model(input_ids=roll.input_ids, attention_mask=roll.attention_mask,
+                       position_ids=left_pad_positions(roll.attention_mask), use_cache=False).logits
+        return logits[:, roll.prompt_ids.shape[1] - 1:-1]
+
     results = []
-    for logits_of in (full_logits, shared_prompt_logits):
+    for logits_of in (one_forward_per_row, response_logits):
         model.zero_grad()
         log_prob, entropy = logprobs_and_entropy(logits_of(model, batch), batch.response_ids)
         (log_prob[mask].sum() + entropy[mask].sum()).backward()
@@ -163,6 +169,8 @@ def test_sampler_logprobs_are_pi_old(tiny_run, tmp_path):
     backend = LocalBackend(cfg)
     model, tokenizer = backend.load(run_dir / "sft" / "model")
     items = read_curriculum(run_dir / "stage1" / "curriculum.parquet")[:2]
+    model.generation_config.repetition_penalty = 1.5  # as checkpoints ship (Qwen2.5-Instruct: 1.05): not pi
+    model.generation_config.top_k = 3
     torch.manual_seed(0)
     roll = generate(model, tokenizer, [it.prompt for it in items], n=4, temperature=0.7, top_p=0.9,
                     max_new_tokens=24, batch_size=5, record_logprobs=True)  # two generate calls, padded together

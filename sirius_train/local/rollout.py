@@ -9,10 +9,13 @@ computes anyway, so that the update needs no separate pass for pi_old.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList)
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from data_synthesis.prompts import chat_text
 
@@ -43,19 +46,17 @@ class Rollout:
         index = torch.as_tensor(index, dtype=torch.long)
         return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
                        self.response_mask[index], [self.texts[i] for i in index.tolist()], self.lengths[index],
-                       self.truncated[index], *_rows(index, self.old_log_prob, self.old_entropy))
-
-
-def _rows(index, *tensors):
-    return [None if t is None else t[index] for t in tensors]
+                       self.truncated[index], *(None if x is None else x[index]
+                                                 for x in (self.old_log_prob, self.old_entropy)))
 
 
 class SampledTokenLogprobs(LogitsProcessor):
     """Records log pi(token) and H(pi) for every token `generate` samples, pi = softmax(logits / temperature).
 
-    Custom processors run before HF's temperature / top-p warpers, so this sees the raw logits and records
-    the full tempered softmax -- the pi_old of DAPO's ratio, as `logprobs_and_entropy` computes it in the
-    update -- not the top-p truncated distribution. The token drawn from step t's distribution is only known
+    Custom processors run before HF's temperature / top-p warpers, and `generate` below switches off the
+    model's own generation config (`policy_sampling`), so this sees the raw logits and records the full
+    tempered softmax -- the pi_old of DAPO's ratio, as `logprobs_and_entropy` computes it in the update --
+    not the top-p truncated distribution. The token drawn from step t's distribution is only known
     at step t+1 (or, for the last step, from the output), so one (B, V) row of log-probs waits in between.
     """
 
@@ -69,7 +70,7 @@ class SampledTokenLogprobs(LogitsProcessor):
         if input_ids.shape[1] > self.prompt_len:
             self._take(input_ids[:, -1])
         log_p = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-        self.entropies.append(-(log_p.exp() * log_p).sum(dim=-1))
+        self.entropies.append(torch.special.entr(log_p.exp()).sum(dim=-1))  # -p log p, 0 where p = 0
         self.pending = log_p
         return scores
 
@@ -124,9 +125,9 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
     """Sample `n` answers per prompt (grouped: answers of prompt i are rows i*n .. i*n+n-1), about
     `batch_size` sequences at a time (whole groups; a group larger than that is one call).
 
-    The n answers of a prompt share one prefill (`shared_prefill`). With `record_logprobs` (sampling
-    only) the rollout carries each token's log-prob and entropy under the sampling policy
-    (`SampledTokenLogprobs`)."""
+    The n answers of a prompt share one prefill (`prompt_cache`). With `record_logprobs` (sampling only)
+    the rollout carries each token's log-prob and entropy under the sampling policy (`SampledTokenLogprobs`).
+    """
     record = record_logprobs and temperature > 0
     device = next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -135,41 +136,73 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
     model.eval()
     parts = []
     try:
-        for start in range(0, len(prompts), per_call):
-            prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
-            cache = shared_prefill(model, prompt_ids, prompt_mask, n)
-            prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0)
-            recorder = SampledTokenLogprobs(temperature, prompt_ids.shape[1]) if record else None
-            out = model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=temperature > 0,
-                temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
-                top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
-                stopping_criteria=StoppingCriteriaList([SQLBlockClosed(tokenizer, prompt_ids.shape[1])]),
-                logits_processor=LogitsProcessorList([recorder] if record else []), past_key_values=cache,
-            )
-            parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], recorder and recorder.result(out)))
+        with policy_sampling(model):
+            for start in range(0, len(prompts), per_call):
+                prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
+                rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(n)
+                # every prompt token but the last: `generate` must run at least one token itself
+                shared = prompt_cache(model, prompt_ids[:, :-1], prompt_mask[:, :-1], rows) \
+                    if prompt_ids.shape[1] > 1 else None
+                prompt_ids, prompt_mask = prompt_ids[rows], prompt_mask[rows]
+                recorder = SampledTokenLogprobs(temperature, prompt_ids.shape[1]) if record else None
+                out = model.generate(
+                    input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=temperature > 0,
+                    temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
+                    top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+                    stopping_criteria=StoppingCriteriaList([SQLBlockClosed(tokenizer, prompt_ids.shape[1])]),
+                    logits_processor=LogitsProcessorList([recorder] if record else []),
+                    past_key_values=None if shared is None else shared[0],
+                )
+                recorded = None if recorder is None else recorder.result(out)
+                parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], recorded))
     finally:
         model.train(was_training)
     return _assemble(parts, tokenizer, max_new_tokens)
 
 
-def shared_prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int) -> DynamicCache | None:
-    """The KV cache of each prompt but its last token, computed once and repeated for its `n` answers.
+@contextmanager
+def policy_sampling(model):
+    """Sample from the policy itself, not through the model's shipped generation config.
 
-    `generate` then runs only the last prompt token and the answers: the same tokens as prefilling every
-    copy (a test checks it), at 1/n of the prompt's compute -- which, with prompts of a schema and a
-    question and answers of one SQL query, is most of a rollout's compute. Positions follow `generate`'s
-    own rule for left padding.
+    A checkpoint's `generation_config` may add processors (Qwen2.5-Instruct: repetition_penalty 1.05,
+    top_k 20) that `generate` would apply on top of ours. For RL the sampled distribution must be the one
+    the update scores, so for the duration only our own arguments count.
     """
-    if prompt_ids.shape[1] < 2:
+    shipped = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = shipped
+
+
+def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids under left padding: 0, 1, ... from each row's first real token (pads get 0, unused)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 rows: torch.Tensor) -> tuple[DynamicCache, torch.Tensor] | None:
+    """Run each prompt once; its KV cache and last-position logits, gathered so row r holds prompt rows[r].
+
+    Rollouts (n answers per prompt) and updates (answers of a group in one micro-batch) both feed the same
+    prompt to many rows. Running it once and sharing its cache gives the same values and gradients as a
+    forward per row (tests check both) at a fraction of the compute, since text-to-SQL prompts (schema +
+    question) are long and answers (one query) short. Returns None when the model's cache cannot be
+    shared that way (linear-attention or quantized layers, encoder-decoders, or gradient checkpointing,
+    which drops caches in training mode): callers then run every row in full.
+    """
+    if model.config.is_encoder_decoder:
         return None
-    positions = (prompt_mask.cumsum(-1) - 1).masked_fill(prompt_mask == 0, 1)  # (B, P)
     cache = DynamicCache(config=model.config)
-    model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1], position_ids=positions[:, :-1],
-          past_key_values=cache, use_cache=True)
-    if n > 1:
-        cache.batch_repeat_interleave(n)
-    return cache
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
+        return None
+    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=left_pad_positions(prompt_mask),
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
+    if cache.get_seq_length() != prompt_ids.shape[1]:
+        return None
+    cache.batch_select_indices(rows)  # (U, ...) -> (len(rows), ...)
+    return cache, logits[rows]
 
 
 def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
@@ -196,7 +229,8 @@ def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
         truncated.append((length >= max_new_tokens) & ~ended_with_eos)
         texts += tokenizer.batch_decode(resp * mask + pad * (1 - mask), skip_special_tokens=True)
         if sampled is not None:
-            recorded.append(tuple(torch.nn.functional.pad(x, (0, R - x.shape[1])) * mask for x in sampled))
+            recorded.append(tuple(torch.where(mask.bool(), torch.nn.functional.pad(x, (0, R - x.shape[1])), 0.0)
+                                  for x in sampled))
     old = [torch.cat(xs) for xs in zip(*recorded)] if recorded else [None, None]
     return Rollout(torch.cat(prompt_ids), torch.cat(prompt_mask), torch.cat(response_ids), torch.cat(response_mask),
                    texts, torch.cat(lengths), torch.cat(truncated), *old)

@@ -7,8 +7,8 @@ One step, in the order DAPO prescribes (Yu et al. 2025) and SPEC section 3 write
   3. filter    -- dynamic sampling: keep groups with 0 < #correct < G; generate more rounds until the
                   batch is full or the round budget is spent (then train on what there is, and log it);
   4. advantage -- group-normalised, the same for every token of an answer;
-  5. update    -- old log-probs (kept from sampling, or one no-grad pass), then several mini-batch steps of the clipped token-mean loss
-                  minus the gated entropy bonus; gradient clipping; AdamW with warmup;
+  5. update    -- old log-probs (kept from sampling, or one no-grad pass), then mini-batch steps of the
+                  clipped token-mean loss minus the gated entropy bonus; gradient clipping; AdamW with warmup;
   6. gate      -- the entropy coefficient moves once, from this step's entropy.
 The math is in `sirius_train.algorithms`; this file only orchestrates it.
 """
@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from rewards.executor import Executor
 from rewards.extract import extract_sql
@@ -39,7 +38,7 @@ from sirius_train.algorithms import (
 )
 from sirius_train.config import StageConfig
 from sirius_train.local.checkpoint import capture_rng, latest_checkpoint, load_state, restore_rng, save_checkpoint
-from sirius_train.local.rollout import Rollout, generate
+from sirius_train.local.rollout import Rollout, generate, left_pad_positions, prompt_cache
 from sirius_train.metrics import MetricsLog
 
 
@@ -86,42 +85,30 @@ class EpochSampler:
 
 def response_logprobs(model, roll: Rollout, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropies (N, R) of the sampled response tokens under `model`."""
-    shared = roll.response_ids.shape[1] > 1 and not getattr(model, "is_gradient_checkpointing", False)
-    logits = shared_prompt_logits(model, roll) if shared else full_logits(model, roll)  # (N, R, V)
-    return logprobs_and_entropy(logits, roll.response_ids, temperature=temperature)
+    return logprobs_and_entropy(response_logits(model, roll), roll.response_ids, temperature=temperature)
 
 
-def full_logits(model, roll: Rollout) -> torch.Tensor:
-    """Response logits (N, R, V) from one forward over every (prompt + response) row."""
-    input_ids, attention_mask = roll.input_ids, roll.attention_mask  # (N, P + R)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding: positions start at the prompt
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False).logits  # (N, P + R, V)
-    return logits[:, roll.prompt_ids.shape[1] - 1:-1]
-
-
-def shared_prompt_logits(model, roll: Rollout) -> torch.Tensor:
-    """`full_logits`, with each distinct prompt run once for all its answers.
-
-    The unique prompts go through the model once; their KV cache is gathered for every answer, and only the
-    answers' own tokens run per row. Same values and gradients as the full forward (a test checks), but a
-    group of G answers pays for its prompt once, not G times -- and text-to-SQL prompts (schema + question)
-    are long while answers (one query) are short.
-    """
-    P = roll.prompt_ids.shape[1]
+def response_logits(model, roll: Rollout) -> torch.Tensor:
+    """Logits (N, R, V) that predict each response token, each distinct prompt run once (`prompt_cache`)."""
+    P, R = roll.prompt_ids.shape[1], roll.response_ids.shape[1]
     attention_mask = roll.attention_mask  # (N, P + R)
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (N, P + R), as in `full_logits`
-    prompts, row_prompt = torch.unique(roll.prompt_ids, dim=0, return_inverse=True)  # (U, P), (N,)
-    first_row = torch.full((len(prompts),), len(row_prompt), dtype=torch.long, device=row_prompt.device)
-    first_row = first_row.scatter_reduce(0, row_prompt, torch.arange(len(row_prompt), device=row_prompt.device),
-                                         reduce="amin")  # (U,) one row holding each prompt
-    cache = DynamicCache(config=model.config)
-    prompt_logits = model(input_ids=prompts, attention_mask=roll.prompt_mask[first_row],
-                          position_ids=positions[first_row, :P], past_key_values=cache, use_cache=True).logits
-    cache.batch_select_indices(row_prompt)  # (U, ...) -> (N, ...): each answer gets its prompt's keys and values
+    positions = left_pad_positions(attention_mask)  # (N, P + R)
+    # Identical prompts, pads excluded from the key so that rows differing only in padding stay apart.
+    key = roll.prompt_ids.masked_fill(roll.prompt_mask == 0, -1)
+    unique, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # (U, P), (N,)
+    # (U,) some row holding each prompt: rows with one key agree on ids and mask, so any of them will do
+    first_row = torch.zeros(len(unique), dtype=torch.long, device=key.device).scatter_(
+        0, row_prompt, torch.arange(len(key), device=key.device))
+    shared = prompt_cache(model, roll.prompt_ids[first_row], roll.prompt_mask[first_row], row_prompt) \
+        if R > 1 else None
+    if shared is None:  # every row in full
+        logits = model(input_ids=roll.input_ids, attention_mask=attention_mask, position_ids=positions,
+                       use_cache=False).logits  # (N, P + R, V)
+        return logits[:, P - 1:-1]
+    cache, last_prompt_logits = shared  # (N, V): predicts the first response token
     answer_logits = model(input_ids=roll.response_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                           position_ids=positions[:, P:-1], past_key_values=cache, use_cache=True).logits
-    return torch.cat([prompt_logits[row_prompt, -1:], answer_logits], dim=1)  # (N, R, V)
+    return torch.cat([last_prompt_logits[:, None], answer_logits], dim=1)  # (N, R, V)
 
 
 def trim(roll: Rollout) -> Rollout:
@@ -146,6 +133,7 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
     recorded = parts[0].old_log_prob is not None
+    assert all((r.old_log_prob is not None) == recorded for r in parts), "some parts carry pi_old, some do not"
     old = [torch.cat([right(getattr(r, name), R, 0.0) for r in parts]) if recorded else None
            for name in ("old_log_prob", "old_entropy")]
     return Rollout(torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
