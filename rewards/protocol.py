@@ -11,10 +11,11 @@ functions, `result_to_wire` / `result_from_wire`, instead of a pydantic object p
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from rewards.compare import CompareMode
 from rewards.extract import extract_sql
@@ -26,41 +27,51 @@ CompareName = Literal[tuple(mode.value for mode in CompareMode)]  # plain string
 PREVIEW_ROWS_MAX = 1000  # the most rows /v1/execute will ever return
 
 
-class ScoreRequestItem(BaseModel):
+@with_config(ConfigDict(extra="forbid"))
+class ScoreRequestItem(TypedDict):
     """One (answer, gold) pair. Give exactly one of `pred_sql` (the SQL; null = no SQL found, a format
-    failure) or `solution_str` (the model's whole answer; the SQL is extracted as in training)."""
+    failure) or `solution_str` (the model's whole answer; the SQL is extracted as in training).
 
-    model_config = ConfigDict(extra="forbid")
+    A TypedDict, not a model: items are validated in pydantic's core without a Python object (or call)
+    per item -- on the reward server's hot path that halves the cost of reading a batch.
+    """
 
-    id: ItemId = Field(None, description="echoed back; any JSON string or integer")
-    db_id: str = Field(..., description="database folder under the server's --db-root")
+    id: NotRequired[Annotated[ItemId, Field(description="echoed back; any JSON string or integer")]]
+    db_id: Annotated[str, Field(description="database folder under the server's --db-root")]
     gold_sql: str
-    pred_sql: str | None = None
-    solution_str: str | None = None
-    compare: CompareName = Field(CompareMode.BIRD.value, description="result equivalence rule (rewards.compare)")
-
-    @model_validator(mode="after")
-    def _exactly_one_answer(self):
-        fields = self.model_fields_set
-        if ("pred_sql" in fields) == ("solution_str" in fields):
-            raise ValueError("give exactly one of 'pred_sql' (the SQL, null when none was found) or "
-                             "'solution_str' (the model's answer; the SQL is extracted from it)")
-        return self
-
-    def to_score_item(self) -> ScoreItem:
-        """The domain record: `solution_str` goes through `extract_sql` (None = format failure).
-
-        Example:
-            >>> item = ScoreRequestItem(db_id="a", gold_sql="SELECT 1", solution_str="<answer>SELECT 2</answer>")
-            >>> item.to_score_item()
-            ScoreItem(db_id='a', gold_sql='SELECT 1', pred_sql='SELECT 2', compare='bird', id=None)
-        """
-        pred = self.pred_sql if self.solution_str is None else extract_sql(self.solution_str)
-        return ScoreItem(self.db_id, self.gold_sql, pred, self.compare, self.id)
+    pred_sql: NotRequired[str | None]
+    solution_str: NotRequired[str | None]
+    compare: NotRequired[Annotated[CompareName, Field(description="result equivalence rule (rewards.compare); "
+                                                                  "default 'bird'")]]
 
 
 class ScoreRequest(BaseModel):
     items: list[ScoreRequestItem]
+
+    @model_validator(mode="after")
+    def _exactly_one_answer(self):
+        for i, item in enumerate(self.items):
+            if ("pred_sql" in item) == ("solution_str" in item):
+                raise ValueError(f"items.{i}: give exactly one of 'pred_sql' (the SQL, null when none was found) "
+                                 "or 'solution_str' (the model's answer; the SQL is extracted from it)")
+        return self
+
+    def score_items(self) -> list[ScoreItem]:
+        """The domain records: `solution_str` goes through `extract_sql` (None = format failure).
+
+        Example:
+            >>> ScoreRequest(items=[{"db_id": "a", "gold_sql": "SELECT 1", "solution_str": "<answer>SELECT 2</answer>"}]
+            ...              ).score_items()
+            [ScoreItem(db_id='a', gold_sql='SELECT 1', pred_sql='SELECT 2', compare='bird', id=None)]
+        """
+        return [ScoreItem(item["db_id"], item["gold_sql"], _answer_sql(item), item.get("compare", "bird"),
+                          item.get("id")) for item in self.items]
+
+
+def _answer_sql(item: ScoreRequestItem) -> str | None:
+    if "pred_sql" in item:
+        return item["pred_sql"]
+    return None if item["solution_str"] is None else extract_sql(item["solution_str"])
 
 
 class ScoreResultItem(BaseModel):
@@ -128,9 +139,9 @@ def result_from_wire(wire: dict, id: Any = None) -> ScoreResult:
         ...                   "format_ok": True, "error": "no such column: x"}, id="a").pred_error
         'no such column: x'
     """
-    return ScoreResult(id, wire["match"], wire["reward"], wire["status"], wire["gold_status"],
-                       pred_error=wire.get("error"), gold_error=wire.get("gold_error"), format_ok=wire["format_ok"],
-                       pred_elapsed_s=wire.get("elapsed_s", 0.0))
+    get = wire.get
+    return ScoreResult(id, wire["match"], wire["reward"], wire["status"], wire["gold_status"], get("error"),
+                       get("gold_error"), wire["format_ok"], get("elapsed_s", 0.0))  # positional: the hot path
 
 
 class ExecuteRequest(BaseModel):

@@ -162,7 +162,7 @@ class RewardService:
         if n > self.config.max_batch_items:
             raise BatchTooLarge(f"{n} items in one request, over the limit of {self.config.max_batch_items}; "
                                 "split the batch (RewardClient does) or raise --max-batch")
-        items = [item.to_score_item() for item in request.items]
+        items = request.score_items()
         self._check_databases([item.db_id for item in items])
         with self._admit(n):
             results = await asyncio.wrap_future(self._submit(self.executor.submit_score, items))

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from rewards.protocol import (ExecuteResponse, ScoreRequestItem, ScoreResponse, ScoreResultItem, result_from_wire,
+from rewards.protocol import (ExecuteResponse, ScoreRequest, ScoreResponse, ScoreResultItem, result_from_wire,
                               result_to_wire)
 from rewards.outcome import Outcome, Status
 from rewards.scoring import ScoreItem, ScoreResult
@@ -36,16 +36,21 @@ def test_every_schema_field_is_written_when_present():
 
 
 def test_request_item_needs_exactly_one_answer_and_extracts_sql():
-    with pytest.raises(ValidationError, match="exactly one of"):
-        ScoreRequestItem(db_id="a", gold_sql="SELECT 1")
-    with pytest.raises(ValidationError, match="exactly one of"):
-        ScoreRequestItem(db_id="a", gold_sql="SELECT 1", pred_sql="SELECT 1", solution_str="x")
-    assert ScoreRequestItem(db_id="a", gold_sql="g", pred_sql=None, id=3).to_score_item() == \
-        ScoreItem("a", "g", None, "bird", 3)
-    assert ScoreRequestItem(db_id="a", gold_sql="g", solution_str="no sql", compare="spider").to_score_item() == \
-        ScoreItem("a", "g", None, "spider", None)
-    assert ScoreRequestItem(db_id="a", gold_sql="g", solution_str="```sql\nSELECT 2\n```").to_score_item().pred_sql \
-        == "SELECT 2"
+    def items(*wire):
+        return ScoreRequest.model_validate({"items": list(wire)}).score_items()
+
+    with pytest.raises(ValidationError, match="items.0: give exactly one of"):
+        items({"db_id": "a", "gold_sql": "SELECT 1"})
+    with pytest.raises(ValidationError, match="items.1: give exactly one of"):
+        items({"db_id": "a", "gold_sql": "g", "pred_sql": "x"},
+              {"db_id": "a", "gold_sql": "SELECT 1", "pred_sql": "SELECT 1", "solution_str": "x"})
+    with pytest.raises(ValidationError, match="extra"):
+        items({"db_id": "a", "gold_sql": "g", "pred_sql": "x", "gold": "g"})
+    assert items({"db_id": "a", "gold_sql": "g", "pred_sql": None, "id": 3}) == [ScoreItem("a", "g", None, "bird", 3)]
+    assert items({"db_id": "a", "gold_sql": "g", "solution_str": "no sql", "compare": "spider"}) == \
+        [ScoreItem("a", "g", None, "spider", None)]
+    assert items({"db_id": "a", "gold_sql": "g", "solution_str": None}) == [ScoreItem("a", "g", None, "bird", None)]
+    assert items({"db_id": "a", "gold_sql": "g", "solution_str": "```sql\nSELECT 2\n```"})[0].pred_sql == "SELECT 2"
 
 
 def test_execute_preview_is_capped_and_says_so():
