@@ -67,8 +67,10 @@ def steps(run_dir: Path) -> list[dict]:
 
 
 def applied_coef(row: dict) -> float:
-    """The coefficient the step's loss used: the logged c_k counts only while the gate was open (H_k < target)."""
-    return row["entropy_coef"] * row.get("entropy_gate_open", 1.0)
+    """The coefficient the step's loss used (`entropy_coef` is the gate state c_k, applied only while open)."""
+    if "entropy_coef_applied" in row:
+        return row["entropy_coef_applied"]
+    return row["entropy_coef"] * row.get("entropy_gate_open", 1.0)  # rows logged before that field existed
 
 
 def mean_sd(values: list[float]) -> str:

@@ -47,6 +47,8 @@ def test_schedule_runs_and_logs_the_contract(tiny_run):
                                                                                              ("stage2", 2)]
     for r in steps:
         assert STEP_FIELDS <= set(r), STEP_FIELDS - set(r)
+        if "entropy_gate_open" in r:  # a step that trained: the loss used c_k only while the gate was open
+            assert r["entropy_coef_applied"] == r["entropy_coef"] * r["entropy_gate_open"]
     evals = [r for r in rows if "eval_exec_acc" in r]
     assert {r["stage"] for r in evals} == {"sft", "stage1", "stage2"}
     # stage 2 starts from stage 1's weights and re-estimates difficulty with them

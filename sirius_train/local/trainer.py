@@ -240,7 +240,7 @@ class DAPOTrainer:
         if groups:
             row.update(self.update(groups))
         else:  # every group was all-correct or all-wrong: no gradient, no entropy reading; the gate holds
-            row.update({"entropy": float("nan"), "entropy_coef": self.gate.coefficient()})
+            row.update({"entropy": float("nan"), "entropy_coef": self.gate.coefficient(), "entropy_coef_applied": 0.0})
         elapsed = time.monotonic() - t0
         row.update({"gen_time_s": round(gen_time, 3), "step_time_s": round(elapsed, 3),
                     "tokens_per_s": round(generated / elapsed, 1), "lr": self.scheduler.get_last_lr()[0]})
@@ -306,6 +306,7 @@ class DAPOTrainer:
         out = {k.split("/")[-1]: v / max(weights, 1.0) for k, v in sums.items()}
         out.update({"entropy": entropy_k, "entropy_coef": gate["actor/entropy_coef"],
                     "entropy_gate_open": gate["actor/entropy_gate_open"],
+                    "entropy_coef_applied": coef,  # what the loss used: c_k when the gate is open, else 0
                     "grad_norm": sum(grad_norms) / len(grad_norms), "adv_abs_mean": float(advantages.abs().mean()),
                     "n_answers": N})
         return out
