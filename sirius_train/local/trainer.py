@@ -93,13 +93,11 @@ def response_logits(model, roll: Rollout) -> torch.Tensor:
     P, R = roll.prompt_ids.shape[1], roll.response_ids.shape[1]
     attention_mask = roll.attention_mask  # (N, P + R)
     positions = left_pad_positions(attention_mask)  # (N, P + R)
-    # Identical prompts, pads excluded from the key so that rows differing only in padding stay apart.
+    # Identical prompts, pads marked -1 in the key so that rows differing only in padding stay apart; the
+    # unique keys give back ids and mask (a pad's id is never attended to, so 0 does as well as any).
     key = roll.prompt_ids.masked_fill(roll.prompt_mask == 0, -1)
     unique, row_prompt = torch.unique(key, dim=0, return_inverse=True)  # (U, P), (N,)
-    # (U,) some row holding each prompt: rows with one key agree on ids and mask, so any of them will do
-    first_row = torch.zeros(len(unique), dtype=torch.long, device=key.device).scatter_(
-        0, row_prompt, torch.arange(len(key), device=key.device))
-    shared = prompt_cache(model, roll.prompt_ids[first_row], roll.prompt_mask[first_row], row_prompt) \
+    shared = prompt_cache(model, unique.clamp(min=0), (unique >= 0).to(roll.prompt_mask.dtype), row_prompt) \
         if R > 1 else None
     if shared is None:  # every row in full
         logits = model(input_ids=roll.input_ids, attention_mask=attention_mask, position_ids=positions,
@@ -266,24 +264,21 @@ class DAPOTrainer:
         token_adv = advantages[:, None] * mask  # (N, R): Â_i on every token of answer i
         N = mask.shape[0]
         micro = max(1, cfg.micro_batch_size)
-        self.model.train()
-        orders = [_split(torch.randperm(N).tolist(), cfg.mini_batches) for _ in range(cfg.ppo_epochs)]
         if batch.old_log_prob is not None:  # pi_old as the sampler saw it: no extra forward pass
-            old_log_prob, old_entropy = batch.old_log_prob.to(self.device), batch.old_entropy.to(self.device)
+            old_log_prob, old_entropy = batch.old_log_prob, batch.old_entropy
         else:  # pi_old recomputed by a full forward, before any update of this step (as verl does)
-            old_log_prob, old_entropy = torch.zeros_like(mask), torch.zeros_like(mask)
             with torch.no_grad():
-                for start in range(0, N, micro):
-                    idx = list(range(start, min(start + micro, N)))
-                    old_log_prob[idx], old_entropy[idx] = response_logprobs(self.model, batch.select(idx),
-                                                                            cfg.temperature)
+                old_parts, ent_parts = zip(*(response_logprobs(self.model, batch.select(range(s, min(s + micro, N))),
+                                                               cfg.temperature) for s in range(0, N, micro)))
+                old_log_prob, old_entropy = torch.cat(old_parts), torch.cat(ent_parts)
         entropy_k = float((old_entropy * mask).sum() / mask.sum().clamp(min=1))
         coef = self.gate.active_coefficient(entropy_k)
         sums: dict[str, float] = {}
         weights = 0.0
         grad_norms = []
-        for mini_batches in orders:
-            for mb in mini_batches:
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mb in _split(torch.randperm(N).tolist(), cfg.mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_tokens = mask[mb].sum().clamp(min=1)
                 for start in range(0, len(mb), micro):
