@@ -226,8 +226,15 @@ class Executor:
         if workers == 0:
             self._local = Scorer(self.db_root, limits, table)
             return
+        self._workers = [_WorkerProcess(self._config) for _ in range(workers)]  # they start side by side
+        try:
+            for worker in self._workers:
+                worker.wait_ready(STARTUP_TIMEOUT_S)
+        except RuntimeError:
+            for worker in self._workers:
+                worker.kill()
+            raise
         for slot in range(workers):
-            self._workers.append(self._spawn())
             thread = threading.Thread(target=self._serve, args=(slot,), name=f"sirius-executor-{slot}", daemon=True)
             thread.start()
             self._threads.append(thread)

@@ -106,7 +106,7 @@ class LocalBackend:
     # ------------------------------------------------------------------ phases
     def sft(self, data, init: Path, out: Path):
         from sirius_train.local.sft import answer_text, train_sft
-        from sirius_train.progress import HFProgressCallback
+        from sirius_train.local.hf_progress import HFProgressCallback
 
         model, tokenizer = self.load(init)
         s = self.cfg.sft
