@@ -168,6 +168,8 @@ class VerlConfig:
     optimizer_offload: bool = False  # AdamW state to CPU
     gradient_checkpointing: bool = True
     use_remove_padding: bool = True
+    attn_implementation: str = "flash_attention_2"  # verl's default (needs the flash-attn package) | sdpa (torch's)
+    keep_checkpoints: int = 2  # newest actor checkpoints verl keeps per stage (0: all; each ~12 bytes/param)
     use_dynamic_bsz: bool = True  # pack micro-batches by token count (ppo_max_token_len_per_gpu)
     ppo_max_token_len_per_gpu: int = 16384
     ppo_micro_batch_size_per_gpu: int = 4  # used when use_dynamic_bsz is false
@@ -178,6 +180,8 @@ class VerlConfig:
     gpu_memory_utilization: float = 0.6  # share of each GPU the rollout engine may take (weights + KV cache)
     max_num_batched_tokens: int = 8192
     enforce_eager: bool = False  # True skips CUDA graphs (less memory, slower decoding)
+    # pass-rate estimation and evaluation: vLLM engines of rollout_tp GPUs each, fanned out over Ray
+    estimate_gpu_memory_utilization: float = 0.85  # alone on their GPUs (verl is not running then)
     # data and bookkeeping
     max_prompt_length: int = 2048  # tokens; longer prompts are filtered out of the curriculum
     reward_workers: int = 8  # verl reward-loop workers (each calls rewards.verl_reward)
@@ -278,8 +282,13 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
     n_gpus = v.nnodes * v.n_gpus_per_node
     if v.rollout_tp < 1 or n_gpus % v.rollout_tp:
         bad("verl.rollout_tp", v.rollout_tp, f"must divide the {n_gpus} GPUs (nnodes * n_gpus_per_node)")
-    if not 0 < v.gpu_memory_utilization <= 1:
-        bad("verl.gpu_memory_utilization", v.gpu_memory_utilization, "a share in (0, 1]")
+    for key in ("gpu_memory_utilization", "estimate_gpu_memory_utilization"):
+        if not 0 < getattr(v, key) <= 1:
+            bad(f"verl.{key}", getattr(v, key), "a share in (0, 1]")
+    if v.attn_implementation not in ("flash_attention_2", "sdpa"):
+        bad("verl.attn_implementation", v.attn_implementation, "use 'flash_attention_2' (needs flash-attn) or 'sdpa'")
+    if v.keep_checkpoints < 0:
+        bad("verl.keep_checkpoints", v.keep_checkpoints, "the newest N checkpoints to keep per stage (0: keep all)")
     if v.max_prompt_length < 1 or v.reward_workers < 1:
         bad("verl.max_prompt_length", v.max_prompt_length, "max_prompt_length and reward_workers must be >= 1")
     malformed = [o for o in v.overrides if "=" not in o and not o.startswith("~")]  # ~key deletes a key
@@ -289,8 +298,8 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
         return
     for i, s in enumerate(cfg.stages):
         if s.prompts_per_step % s.mini_batches:
-            bad(f"stages.{i}.mini_batches", s.mini_batches, f"verl splits prompts_per_step ({s.prompts_per_step}) "
-                "into mini-batches of whole prompt groups: pick a divisor of prompts_per_step")
+            bad(f"stages.{i}.mini_batches", s.mini_batches, f"verl's ppo_mini_batch_size counts prompts: "
+                f"prompts_per_step ({s.prompts_per_step}) / mini_batches must be whole: pick a divisor of prompts_per_step")
         if (s.prompts_per_step * s.n_samples) % n_gpus:
             bad(f"stages.{i}.prompts_per_step", s.prompts_per_step, f"verl needs prompts_per_step * n_samples "
                 f"({s.prompts_per_step * s.n_samples}) divisible by the {n_gpus} GPUs")

@@ -72,12 +72,13 @@ def test_backend_launches_verl_which_stops_at_its_gpu_check(stage_inputs):
             backend.train_stage(1, cfg.stages[0], work / "curriculum.parquet", work / "model", data, stage_dir)
     finally:
         backend.close()
-    assert "verl.trainer.main_ppo exited with code" in str(failure.value)
+    assert "sirius_train.verl_backend.main_ppo exited with code" in str(failure.value)
     assert "Total available GPUs 0 is less than total desired GPUs 1" in str(failure.value)
     # everything before the launch happened: the held-out parquet, the resolved config, the command, the log
     assert (cfg.run_dir / "data" / "eval.parquet").is_file()
     assert "clip_ratio_c: 10.0" in (stage_dir / "verl_config.yaml").read_text()
-    assert (stage_dir / "verl_command.sh").read_text().startswith(f"{sys.executable} -m verl.trainer.main_ppo ")
+    command = (stage_dir / "verl_command.sh").read_text()
+    assert command.startswith(f"{sys.executable} -m sirius_train.verl_backend.main_ppo ")
     log = (stage_dir / "verl.log").read_text()
     assert "ray init kwargs" in log  # verl itself ran, and its TaskRunner (a Ray worker) built our gated trainer:
     assert "sirius_train/verl_backend/entropy.py" in log and "in _setup" in log

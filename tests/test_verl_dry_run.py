@@ -66,7 +66,7 @@ def test_cli_prints_each_stage_command_and_resolved_config(tmp_path):
     for index, stage in ((1, "stage1"), (2, "stage2")):
         assert f"# ---- stage {index}: {stage} -- command" in out
         assert f"# ---- stage {index}: {stage} -- resolved verl config" in out
-    assert "-m verl.trainer.main_ppo \\\n    data.train_files=" in out
+    assert "-m sirius_train.verl_backend.main_ppo \\\n    data.train_files=" in out
     assert "clip_ratio_c: 10.0" in out and "trainer_mode: sirius_dapo" in out
     assert not (tmp_path / "nano").exists()  # a dry run writes nothing
 
@@ -106,3 +106,19 @@ def test_quoted_values_reach_verl_unchanged(tmp_path):
     v = compose_verl_config(plan.overrides)
     assert v.data.train_files == plan.paths.train_files and "odd 'chars'" in v.data.train_files
     assert v.reward.custom_reward_function.reward_kwargs.reward_url == "http://10.0.0.1:8000,http://10.0.0.2:8000"
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "flash_attention_2"])
+def test_verl_loads_the_actor_with_the_attention_the_config_names(attn, tmp_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
+
+    tokenizer = train_tokenizer(["SELECT name FROM singer", "how many singers"] * 10, 300)
+    build_nano_model(NanoModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2), tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    cfg = load_config(CONFIGS / "nano.yaml", ["backend=verl", f"model.path={tmp_path}", f"verl.attn_implementation={attn}"])
+    resolved = compose_verl_config(plan_run(cfg)[0].overrides)
+    model = omega_conf_to_dataclass(resolved.actor_rollout_ref.model)  # verl's HFModelConfig, as its workers build it
+    assert model.hf_config._attn_implementation == attn

@@ -9,6 +9,7 @@ cannot be built without rollout GPUs: a recorder stands in for it and captures t
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -33,12 +34,12 @@ from sirius_train.local.model import NanoModelConfig, build_nano_model, train_to
 from sirius_train.verl_backend import plan_run  # noqa: E402
 from sirius_train.verl_backend.compose import compose_verl_config  # noqa: E402
 from sirius_train.verl_backend.entropy import (  # noqa: E402
-    ENTROPY_COEF_KEY,
+    GATE_STATE_FILE,
     GatedEntropyTrainer,
-    gated_ppo_loss,
     load_gate_state,
     save_gate_state,
 )
+from sirius_train.verl_backend.gated_loss import ENTROPY_COEF_KEY, gated_ppo_loss  # noqa: E402
 
 pytestmark = [pytest.mark.verl, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,11 +187,95 @@ def test_gate_state_travels_with_the_checkpoint(tmp_path):
     assert not load_gate_state(fresh, tmp_path / "global_step_9") and fresh.coefficient() == 0.0
 
 
-def test_verl_registers_the_trainer_from_the_environment_translate_sets():
-    code = ("import verl\nfrom verl.trainer.ppo.v1 import get_trainer_cls\nfrom verl.trainer.ppo.v1.trainer_sync "
-            "import PPOTrainerSync\ncls = get_trainer_cls('sirius_dapo')\n"
-            "print(cls.__module__, issubclass(cls, PPOTrainerSync))")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VERL_USE_EXTERNAL_MODULES="sirius_train.verl_backend.entropy")
+def _fresh_python(code: str) -> list[str]:
+    """The last line a new interpreter prints after `code`, in the environment translate gives Ray workers."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-2:] == ["sirius_train.verl_backend.entropy", "True"]
+    return out.stdout.split("\n")[-2].split()
+
+
+GATE_MODULE = "sirius_train.verl_backend.entropy"
+REGISTERED = ("from verl.trainer.ppo.v1 import get_trainer_cls\n"
+              "try:\n    registered = get_trainer_cls('sirius_dapo').__module__\n"
+              "except Exception:\n    registered = None\n")
+
+
+def test_the_entry_points_task_runner_registers_the_gate_and_nothing_else_does():
+    # a process that imports verl, its main_ppo, our entry point and the pickled loss (an actor worker, a
+    # vLLM server, the driver): our trainer module does not come with it, and nothing is registered
+    worker = _fresh_python(
+        "import pickle, sys\nfrom functools import partial\nimport verl, verl.trainer.main_ppo\n"
+        "import sirius_train.verl_backend.main_ppo\n"
+        "from sirius_train.verl_backend.gated_loss import gated_ppo_loss\n"
+        "pickle.loads(pickle.dumps(partial(gated_ppo_loss, config=None)))\n" + REGISTERED +
+        f"print('{GATE_MODULE}' in sys.modules, registered)")
+    assert worker == ["False", "None"]
+    # the TaskRunner process: building verl's TaskRunner (ours, as Ray builds the actor) registers the trainer
+    runner = _fresh_python(
+        "import sys\nfrom sirius_train.verl_backend.main_ppo import GatedTaskRunner\n"
+        "GatedTaskRunner.__ray_actor_class__()\n" + REGISTERED +
+        f"print('{GATE_MODULE}' in sys.modules, registered)")
+    assert runner == ["True", GATE_MODULE]
+
+
+def test_the_entry_point_hands_verl_our_task_runner():
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    from sirius_train.verl_backend.main_ppo import GatedTaskRunner
+
+    assert issubclass(GatedTaskRunner.__ray_actor_class__, TaskRunnerV1.__ray_actor_class__)
+    assert GatedTaskRunner.__ray_actor_class__.run is TaskRunnerV1.__ray_actor_class__.run  # verl's run, unchanged
+
+
+class CheckpointingWorkerGroup(RecordingWorkerGroup):
+    """Also answers verl's save/load calls, noting whether the gate's file was already beside the checkpoint."""
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+        Path(local_path).mkdir(parents=True)
+        self.gate_file_before_actor_save = (Path(local_path).parent / GATE_STATE_FILE).is_file()
+        self.latest_before_actor_save = (Path(local_path).parents[1] / "latest_checkpointed_iteration.txt").exists()
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        assert Path(local_path).is_dir()
+
+
+class Loader:
+    def state_dict(self):
+        return {"position": 3}
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+class NoCallback:
+    def on_save(self, **kwargs):
+        pass
+
+
+def _checkpointing_trainer(verl_config, folder: Path) -> GatedEntropyTrainer:
+    trainer = _trainer(verl_config)
+    trainer.config = copy.deepcopy(verl_config)
+    trainer.config.trainer.default_local_dir = str(folder)
+    trainer.actor_rollout_wg = CheckpointingWorkerGroup()
+    trainer.use_critic, trainer.trainer_mode = False, "sync"
+    trainer.train_dataloader, trainer.checkpoint_callback = Loader(), NoCallback()
+    return trainer
+
+
+def test_gate_state_is_on_disk_before_verl_records_the_checkpoint(verl_config, tmp_path):
+    trainer = _checkpointing_trainer(verl_config, tmp_path)
+    for _ in range(3):
+        trainer.gate.update(0.0)  # below the target: c_k grows
+    trainer.global_steps = 3
+    trainer._save_checkpoint()  # verl's own save, around the stand-in worker group
+    wg = trainer.actor_rollout_wg
+    assert wg.gate_file_before_actor_save and not wg.latest_before_actor_save
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
+    resumed = _checkpointing_trainer(verl_config, tmp_path)
+    resumed._load_checkpoint()  # verl's own resume: latest_checkpointed_iteration.txt -> global_step_3
+    assert resumed.global_steps == 3 and resumed.gate.state_dict() == trainer.gate.state_dict()
+    (tmp_path / "global_step_3" / GATE_STATE_FILE).unlink()
+    with pytest.raises(RuntimeError, match="silently restart"):
+        _checkpointing_trainer(verl_config, tmp_path)._load_checkpoint()

@@ -73,10 +73,19 @@ def test_a_failed_run_raises_with_the_tail_and_the_log_path(tmp_path):
         run_logged([sys.executable, "-c", code], verl_env(str(ROOT), None), tmp_path / "verl.log")
 
 
-def test_command_and_environment():
-    assert verl_command(None, ["a=1"]) == [sys.executable, "-m", "verl.trainer.main_ppo", "a=1"]
+def test_command_and_environment(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert verl_command(None, ["a=1"]) == [sys.executable, "-m", "sirius_train.verl_backend.main_ppo", "a=1"]
     env = verl_env("/code", "auto")
     assert env["PYTHONPATH"].split(":")[0] == "/code" and env["RAY_ADDRESS"] == "auto"
+
+
+def test_the_environment_keeps_the_callers_ray_address_and_pythonpath(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what slurm_verl.sbatch exports
+    monkeypatch.setenv("PYTHONPATH", "/site/extra")
+    env = verl_env("/code", "auto")
+    assert env["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert env["PYTHONPATH"] == "/code:/site/extra"
 
 
 def test_missing_checkpoint_says_why(tmp_path):

@@ -8,7 +8,6 @@ import pytest
 
 from sirius_train.config import ConfigError, load_config
 from sirius_train.verl_backend.translate import (
-    EXTERNAL_MODULE,
     GATED_TRAINER,
     STALE_KEYS,
     StagePaths,
@@ -92,9 +91,8 @@ def test_entropy_modes(mode, coeff, trainer, gated):
                    "stages.0.entropy.coef_max=0.004")
     assert o["actor_rollout_ref.actor.entropy_coeff"] == coeff  # adaptive: verl's constant term stays off
     assert o["trainer.v1.trainer_mode"] == trainer
-    assert ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES" in o) is gated
+    assert not [k for k in o if "VERL_USE_EXTERNAL_MODULES" in k]  # it would import our module in every process
     if gated:
-        assert o["+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"] == EXTERNAL_MODULE
         assert o["actor_rollout_ref.actor.calculate_entropy"] == "true"
         assert {k: o[f"+sirius.entropy.{k}"] for k in ("target", "delta", "coef_max", "coef")} == {
             "target": "0.3", "delta": "0.001", "coef_max": "0.004", "coef": "0.002"}
@@ -167,3 +165,14 @@ def test_verl_section_is_validated_when_the_config_loads(override, match):
 def test_local_backend_ignores_verl_only_stage_shapes():
     cfg = load_config(NANO, ["stages.0.mini_batches=3"])  # the local trainer splits any way it likes
     assert cfg.backend == "local" and cfg.verl.nnodes == 1
+
+
+def test_attention_and_checkpoint_retention_are_always_spelled_out():
+    o = _overrides()
+    assert o["+actor_rollout_ref.model.override_config.attn_implementation"] == "flash_attention_2"  # verl's default
+    assert o["trainer.max_actor_ckpt_to_keep"] == "2"  # verl's default is null: every checkpoint kept
+    o = _overrides("verl.attn_implementation=sdpa", "verl.keep_checkpoints=0")
+    assert o["+actor_rollout_ref.model.override_config.attn_implementation"] == "sdpa"
+    assert o["trainer.max_actor_ckpt_to_keep"] == "null"  # 0 keeps all, as verl's null does
+    with pytest.raises(ConfigError, match=r"verl.attn_implementation='flash_attn'.*sdpa"):
+        load_config(NANO, ["backend=verl", "verl.attn_implementation=flash_attn"])

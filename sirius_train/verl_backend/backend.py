@@ -1,8 +1,9 @@
 """`VerlBackend`: the schedule's DAPO stages run as verl jobs on a Ray cluster; the other phases run here.
 
 Per stage: translate the run config (translate.py), check it against verl's own Hydra config
-(compose.py), launch `python -m verl.trainer.main_ppo` (launch.py), merge the last FSDP checkpoint to an
-HF folder, and hand that folder to the schedule, which re-estimates difficulty with it for stage 2.
+(compose.py), launch verl's `main_ppo` through our entry point (main_ppo.py, launch.py), merge the last
+FSDP checkpoint to an HF folder, and hand that folder to the schedule, which re-estimates difficulty with
+it for stage 2.
 Building the base model, the SFT warm start, pass rates and evaluation reuse `LocalBackend` (HF on this
 node's first GPU): they are inference or small jobs, and the schedule exchanges plain HF folders.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from sirius_train.progress import stderr
 from sirius_train.verl_backend.launch import (
     latest_actor_checkpoint,
     merge_to_hf,
+    prepend_path,
     run_logged,
     verl_command,
     verl_env,
@@ -50,7 +53,8 @@ def plan_stage(cfg: RunConfig, index: int, stage: StageConfig, curriculum: Path,
     paths = StagePaths(
         train_files=str(curriculum.resolve()), val_files=str(eval_parquet.resolve()), model=str(init.resolve()),
         checkpoints=str(checkpoints.resolve()), reward_fn=str(PROJECT_ROOT / "rewards" / "verl_reward.py"),
-        db_root=str(Path(cfg.data.db_root).resolve()), pythonpath=str(PROJECT_ROOT),
+        db_root=str(Path(cfg.data.db_root).resolve()),
+        pythonpath=prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")),
         metrics=str((stage_dir / "verl_metrics.jsonl").resolve()))
     overrides = stage_overrides(cfg, index, stage, paths)
     return StagePlan(stage.name, paths, overrides, verl_command(cfg.verl.python, overrides))

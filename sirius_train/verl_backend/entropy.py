@@ -14,14 +14,15 @@ no actor class to configure by name in the V1 trainer. What verl does offer:
   is verl's own `ppo_loss` with `entropy_coeff` replaced by the coefficient that came with the batch, so
   the term verl subtracts is exactly c_k·1[H_k < H_target]·H (H: token-mean entropy under π_θ).
 
-verl imports this module in every process through VERL_USE_EXTERNAL_MODULES (set by translate), which
-registers the trainer before `main_ppo` looks it up. The gate's c_k is saved beside each verl checkpoint
-(`sirius_entropy_gate.json`), so a resumed stage continues with the coefficient it had.
+Only verl's TaskRunner imports this module (our entry point, `main_ppo.py`), which registers the trainer
+before verl looks it up there; the actor workers get the loss from `gated_loss.py`, which imports no trainer.
+The gate's c_k is saved beside each verl checkpoint (`sirius_entropy_gate.json`) *before* verl records the
+checkpoint as the latest, so a resumed stage always finds the coefficient it had -- and a checkpoint
+without it is an error, never a silent restart of the gate at c_0.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from functools import partial
@@ -30,22 +31,12 @@ from pathlib import Path
 from omegaconf import open_dict
 from verl.trainer.ppo.v1 import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils import tensordict_utils as tu
-from verl.workers.utils.losses import ppo_loss
 
 from sirius_train.algorithms.entropy import EntropyGate, EntropyGateConfig
+from sirius_train.verl_backend.gated_loss import ENTROPY_COEF_KEY, gated_ppo_loss
 from sirius_train.verl_backend.translate import GATED_TRAINER
 
-ENTROPY_COEF_KEY = "sirius_entropy_coeff"  # non-tensor field of the update batch: this step's c_k·1[H_k < H_target]
 GATE_STATE_FILE = "sirius_entropy_gate.json"
-
-
-def gated_ppo_loss(config, model_output, data, dp_group=None):
-    """verl's `ppo_loss` with `entropy_coeff` = the gated coefficient sent with this batch (worker side)."""
-    coef = float(tu.get(data, key=ENTROPY_COEF_KEY, default=config.entropy_coeff))
-    if coef != config.entropy_coeff:
-        config = dataclasses.replace(config, entropy_coeff=coef)  # verl's configs are frozen; the dict is shared
-    return ppo_loss(config, model_output, data, dp_group)
 
 
 @register_trainer(GATED_TRAINER)
@@ -81,13 +72,17 @@ class GatedEntropyTrainer(PPOTrainerSync):
         return batch
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
+        # first: verl writes latest_checkpointed_iteration.txt last, so a crash in between leaves the previous
+        # checkpoint the latest, and the step verl resumes from always has its gate state
         save_gate_state(self.gate, self._step_dir())
+        super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.global_steps:
-            load_gate_state(self.gate, self._step_dir())
+        if self.global_steps and not load_gate_state(self.gate, self._step_dir()):
+            raise RuntimeError(f"verl resumed from {self._step_dir()}, which has no {GATE_STATE_FILE}: the entropy "
+                               "gate would silently restart at c_0; delete that global_step folder (and fix "
+                               "latest_checkpointed_iteration.txt) to resume from the one before")
 
     def _step_dir(self) -> Path:
         return Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"

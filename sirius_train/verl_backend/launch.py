@@ -1,4 +1,4 @@
-"""Processes: run `python -m verl.trainer.main_ppo` for a stage, then merge its last checkpoint to HF weights.
+"""Processes: run verl's `main_ppo` (through our entry point, main_ppo.py) for a stage, then merge its last checkpoint.
 
 verl runs in a child process (it owns Ray, the GPUs and its own signal handling); its whole output goes
 to a log file and the step counter drives a progress bar. A failure raises with the log's tail, so the
@@ -24,7 +24,7 @@ def verl_command(python: str | None, overrides: list[str]) -> list[str]:
     """argv of a verl training run.
 
     >>> verl_command("/opt/py/bin/python", ["trainer.nnodes=2"])
-    ['/opt/py/bin/python', '-m', 'verl.trainer.main_ppo', 'trainer.nnodes=2']
+    ['/opt/py/bin/python', '-m', 'sirius_train.verl_backend.main_ppo', 'trainer.nnodes=2']
     """
     return [python or sys.executable, "-m", VERL_ENTRY, *overrides]
 
@@ -36,12 +36,26 @@ def merge_command(python: str | None, actor_dir: Path, target_dir: Path) -> list
 
 
 def verl_env(pythonpath: str, ray_address: str | None) -> dict[str, str]:
-    """This process's environment plus our code on PYTHONPATH and the cluster to join."""
+    """This process's environment plus our code on PYTHONPATH and the cluster to join.
+
+    A RAY_ADDRESS already in the environment wins over `verl.ray_address` (the sbatch script exports the
+    head's address; the config's `auto` would only guess it).
+    """
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = prepend_path(pythonpath, env.get("PYTHONPATH"))
     if ray_address:
-        env["RAY_ADDRESS"] = ray_address
+        env.setdefault("RAY_ADDRESS", ray_address)
     return env
+
+
+def prepend_path(first: str, rest: str | None) -> str:
+    """`first` ahead of an existing search path, never instead of it.
+
+    >>> prepend_path("/code", "/site:/other"), prepend_path("/code", None), prepend_path("/code", "/code:/x")
+    ('/code:/site:/other', '/code', '/code:/x')
+    """
+    parts = [first, *(p for p in (rest or "").split(os.pathsep) if p and p != first)]
+    return os.pathsep.join(parts)
 
 
 def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Callable[[int], None] | None = None

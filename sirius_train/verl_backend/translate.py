@@ -24,10 +24,9 @@ from pathlib import PurePath
 from rewards.reward import RewardTable
 from sirius_train.config import ConfigError, RunConfig, StageConfig
 
-VERL_ENTRY = "verl.trainer.main_ppo"
-# Registered in verl's trainer registry by `entropy.py`, which verl imports from VERL_USE_EXTERNAL_MODULES.
-GATED_TRAINER = "sirius_dapo"
-EXTERNAL_MODULE = "sirius_train.verl_backend.entropy"
+# verl's main_ppo with a TaskRunner that registers the gated trainer in that one process (main_ppo.py).
+VERL_ENTRY = "sirius_train.verl_backend.main_ppo"
+GATED_TRAINER = "sirius_dapo"  # registered in verl's trainer registry by `entropy.py`
 
 # Keys verl 0.9.1 still accepts but no longer reads (or reads only through a legacy migration), with the
 # key to use instead. Matched as a prefix of the override's key.
@@ -65,6 +64,8 @@ OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
     "ray_kwargs.ray_init.runtime_env.env_vars": None,
     # FSDP wrapping by layer class (verl's recipes set it this way)
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("transformer_layer_cls_to_wrap",),
+    # HF config attributes the actor's model is loaded with (verl reads attn_implementation from here)
+    "actor_rollout_ref.model.override_config": None,
     # engine arguments passed through to vLLM / SGLang as they are
     "actor_rollout_ref.rollout.engine_kwargs.vllm": None,
     "actor_rollout_ref.rollout.engine_kwargs.sglang": None,
@@ -81,7 +82,7 @@ class StagePaths:
     checkpoints: str  # trainer.default_local_dir: verl's sharded checkpoints
     reward_fn: str  # rewards/verl_reward.py
     db_root: str  # databases, for in-process scoring
-    pythonpath: str  # the project root, so Ray workers import rewards/ and sirius_train/
+    pythonpath: str  # the project root first, then the caller's PYTHONPATH: Ray workers import rewards/, sirius_train/
     metrics: str  # verl's file logger writes the step metrics here (JSONL)
 
 
@@ -105,6 +106,8 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("actor_rollout_ref.model.path", paths.model),
         ("actor_rollout_ref.model.use_remove_padding", v.use_remove_padding),
         ("actor_rollout_ref.model.enable_gradient_checkpointing", v.gradient_checkpointing),
+        # verl loads the actor with flash_attention_2 unless told otherwise; say which, always
+        ("+actor_rollout_ref.model.override_config.attn_implementation", v.attn_implementation),
         ("actor_rollout_ref.actor.strategy", v.strategy),
         ("actor_rollout_ref.actor.fsdp_config.param_offload", v.param_offload),
         ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", v.optimizer_offload),
@@ -158,19 +161,18 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("trainer.save_freq", stage.checkpoint_every or stage.steps),
         ("trainer.test_freq", stage.eval_every or -1),
         ("trainer.val_before_train", v.val_before_train),
+        ("trainer.max_actor_ckpt_to_keep", v.keep_checkpoints or None),  # no critic (critic.enable=false)
         ("trainer.resume_mode", "auto"),
         ("trainer.default_local_dir", paths.checkpoints),
         ("trainer.project_name", cfg.logging.project),
         ("trainer.experiment_name", f"{cfg.name}-{stage.name}"),
         ("trainer.logger", ["console", "file", *cfg.logging.backends]),
         ("trainer.v1.trainer_mode", GATED_TRAINER if stage.entropy.mode == "adaptive" else "sync"),
-        # every Ray worker imports our code: the reward function, and the gated trainer when it is used
+        # every Ray worker imports our code (the reward function, the gated loss); the user's path follows ours
         ("+ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH", paths.pythonpath),
         ("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH", paths.metrics),
         *([("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR",
              str(PurePath(paths.metrics).parent / "tensorboard"))] if "tensorboard" in cfg.logging.backends else []),
-        *([("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES", EXTERNAL_MODULE)]
-          if stage.entropy.mode == "adaptive" else []),
         *([("ray_kwargs.ray_init.runtime_env.py_executable", v.python)] if v.python else []),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in items] + list(v.overrides)
