@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from sirius_train.inference.guard import Unanalysable, attempt
 from sirius_train.inference.sql import QUERY_TYPES, SqlParseError, parse_sql
 
 BUCKETS = ("easy", "medium", "hard", "extra")
@@ -35,7 +36,7 @@ class HardnessCounts:
 
 
 def spider_hardness(sql: str) -> str:
-    """Spider's bucket for `sql`; "extra" for SQL that is not a parsable query (it cannot be counted).
+    """Spider's bucket for `sql`; "extra" for SQL that is not a query the analysis can read (it cannot be counted).
 
     Example:
         >>> spider_hardness("SELECT count(*) FROM singer")
@@ -49,10 +50,11 @@ def spider_hardness(sql: str) -> str:
         ...                 "SELECT T2.name FROM singer_in_concert AS T1 JOIN singer AS T2 ON T1.singer_id = T2.singer_id "
         ...                 "JOIN concert AS T3 ON T1.concert_id = T3.concert_id WHERE T3.year = 2015")
         'extra'
+        >>> spider_hardness("SELECT " + "(" * 5000 + "1" + ")" * 5000)  # too deep for the parser
+        'extra'
     """
-    try:
-        counts = hardness_counts(sql)
-    except SqlParseError:
+    counts = attempt(hardness_counts, sql)
+    if isinstance(counts, Unanalysable):  # unparsable, not a query, or the analyser failed
         return "extra"
     c1, c2, others = counts.component1, counts.component2, counts.others
     if c1 <= 1 and others == 0 and c2 == 0:

@@ -40,6 +40,7 @@ from rewards.executor import Executor
 from rewards.outcome import Outcome, Status
 from sirius_train.inference.candidates import Candidate, Question
 from sirius_train.inference.corrector import Corrector
+from sirius_train.inference.guard import UNANALYSABLE, Unanalysable, attempt
 from sirius_train.inference.operators import OPERATORS, literal_uses, rebind_literals
 from sirius_train.inference.prefilter import prefilter
 from sirius_train.inference.selector import Ballot
@@ -144,10 +145,12 @@ class Lifecycle:
             return False
         verdict = prefilter(candidate.sql, task.schema)
         candidate.record("filter", admitted=verdict.admitted, **({"kind": verdict.kind, "reason": verdict.reason}
-                                                                if not verdict.admitted else {}))
+                                                                if verdict.kind else {}))
         if not verdict.admitted:
             self.stats[f"filtered:{verdict.kind}"] += 1
             candidate.dropped = f"filtered: {verdict.reason}"
+        elif verdict.kind == UNANALYSABLE:
+            self.stats["unanalysable:filter"] += 1
         return verdict.admitted
 
     def _execute(self, pairs: list[tuple[Task, Candidate]], step: str) -> None:
@@ -186,8 +189,10 @@ class Lifecycle:
         Returns the ids of the candidates it replaced."""
         trials = []
         for task, candidate in pairs:
-            rewrite = operator(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
-            if rewrite is not None:
+            rewrite = attempt(operator, candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+            if isinstance(rewrite, Unanalysable):
+                self._unanalysable(candidate, "repair", rewrite, operator=operator.__name__)
+            elif rewrite is not None:
                 trials.append((task, candidate, rewrite))
         outcomes = self.executor.execute_many([(t.question.db_id, r.sql) for t, _, r in trials])
         fixed = set()
@@ -236,7 +241,7 @@ class Lifecycle:
     def _ground(self, pairs: list[tuple[Task, Candidate]]) -> None:
         """Mark the literals each final SQL compares with a column that never holds them."""
         for task, candidate in pairs:
-            uses = literal_uses(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+            uses = self._literal_uses(task, candidate, "ground")
             candidate.ungrounded = tuple(f"{u.column}: '{u.value}'" for u in uses if u.grounded is False)
             if candidate.ungrounded:
                 self.stats[f"ungrounded:{candidate.outcome.status.value}"] += 1
@@ -261,13 +266,25 @@ class Lifecycle:
         return sql
 
     def _diagnose_empty(self, task: Task, candidate: Candidate) -> str:
-        uses = literal_uses(candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+        uses = self._literal_uses(task, candidate, "diagnose")
         lines = [f"- {u.column} is compared with '{u.value}', which never occurs in that column"
                  + (f" (closest real value: '{u.closest}')" if u.closest else "") for u in uses if u.grounded is False]
         tried = [e["operator"] for e in candidate.events if e["step"] == "repair" and e.get("kind") == "empty"]
         if tried:
             lines.append(f"- model-free rewrites tried without rows: {', '.join(tried)}")
         return "\n".join(lines) or "- every literal occurs in its column; the joins or filters exclude all rows"
+
+    def _literal_uses(self, task: Task, candidate: Candidate, step: str) -> list:
+        """The candidate's literal comparisons; none (and a trace event) when its SQL cannot be analysed."""
+        uses = attempt(literal_uses, candidate.sql, task.schema, self.values.lookup(task.question.db_id))
+        if isinstance(uses, Unanalysable):
+            self._unanalysable(candidate, step, uses)
+            return []
+        return uses
+
+    def _unanalysable(self, candidate: Candidate, step: str, verdict: Unanalysable, **detail) -> None:
+        self.stats[f"unanalysable:{step}"] += 1
+        candidate.record(step, kind=verdict.kind, reason=verdict.message, **detail)
 
     def _recovery(self, tasks: list[Task]) -> None:
         collapsed = [t for t in tasks if not t.clean()]

@@ -1,10 +1,13 @@
 """The deterministic pre-execution filter: refuse what cannot be a right answer before running it.
 
-A candidate is removed, with its reason kept for the trace, when its SQL is unparsable, is not one
+A candidate is removed, with its reason kept for the trace, when its SQL is empty or not exactly one
 read-only query (INSERT, PRAGMA, two statements...), names a table or column the schema does not
-have, names a column two joined tables share without saying which, or aggregates inside WHERE. Nothing here guesses: a reference the resolver cannot decide (a derived table's `*`, an unknown
-table's columns) is left for the engine, so the filter never refuses a query SQLite would run -- the
-benchmark checks that on the real pools.
+have, names a column two joined tables share without saying which, or aggregates inside WHERE.
+Nothing here guesses: a reference the resolver cannot decide (a derived table's `*`, an unknown
+table's columns) is left for the engine, and so is SQL the analysis cannot read at all (sqlglot does
+not parse it, its scope analysis refuses it, it nests too deep): that is admitted with the verdict
+`kind="unanalysable"` and the reason, and SQLite judges it. So the filter never refuses a query SQLite
+would run -- the benchmark checks that on the real pools.
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from data_synthesis.schema import Schema
+from sirius_train.inference.guard import Unanalysable, attempt
 from sirius_train.inference.resolve import Resolution, resolve_columns, unknown_tables
-from sirius_train.inference.sql import QUERY_TYPES, SqlParseError, parse_sql
+from sirius_train.inference.sql import QUERY_TYPES, SqlParseError, UnreadableSql, parse_sql
 
 
 @dataclass(frozen=True)
 class FilterVerdict:
     admitted: bool
-    reason: str | None = None  # why not, e.g. "unknown column: T2.nmae"
-    kind: str | None = None  # unparsable, not_select, unknown_table, unknown_column, ambiguous_column, misused_aggregate
+    reason: str | None = None  # why not, e.g. "unknown column: T2.nmae"; for an unanalysable one, why not analysed
+    # refused: unparsable (empty, several statements), not_select, unknown_table, unknown_column,
+    # ambiguous_column, misused_aggregate; admitted unchecked: unanalysable
+    kind: str | None = None
 
 
 ADMITTED = FilterVerdict(True)
@@ -42,9 +48,21 @@ def prefilter(sql: str, schema: Schema) -> FilterVerdict:
         'not a read-only query: Delete statement'
         >>> prefilter("SELECT name FROM singers", schema).reason
         'unknown table: singers (tables: singer)'
+        >>> prefilter("SELECT count(*) FROM singer JOIN singer ON singer.age = singer.age", schema)
+        FilterVerdict(admitted=True, reason='OptimizeError: Alias already used: singer', kind='unanalysable')
     """
+    verdict = attempt(_check, sql, schema)
+    if isinstance(verdict, Unanalysable):
+        return FilterVerdict(True, verdict.message, verdict.kind)
+    return verdict
+
+
+def _check(sql: str, schema: Schema) -> FilterVerdict:
+    """The checks; raises when the analysis itself fails (sqlglot cannot read the SQL, scope errors...)."""
     try:
         tree = parse_sql(sql)
+    except UnreadableSql:
+        raise
     except SqlParseError as e:
         return FilterVerdict(False, str(e), "unparsable")
     if not isinstance(tree, QUERY_TYPES):

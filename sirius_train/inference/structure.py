@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from sqlglot import exp
 
+from sirius_train.inference.guard import Unanalysable, attempt
 from sirius_train.inference.sql import DIALECT, SqlParseError, parse_sql
 
 
@@ -39,7 +40,7 @@ class Signature:
 
 @lru_cache(maxsize=16384)
 def signature(sql: str) -> Signature | None:
-    """The structural signature of `sql`; None when it does not parse.
+    """The structural signature of `sql`; None when it does not parse or cannot be analysed.
 
     Aliases, table qualifiers, letter case and layout do not matter; literals are not part of it.
 
@@ -52,7 +53,14 @@ def signature(sql: str) -> Signature | None:
         True
         >>> a.describe()
         'tables=concert,singer; select=name, count(*); agg=count; group=id; order=count(*) DESC'
+        >>> signature("SELECT " + "(" * 5000 + "1" + ")" * 5000) is None  # too deep for the parser
+        True
     """
+    found = attempt(_signature, sql)
+    return None if isinstance(found, Unanalysable) else found
+
+
+def _signature(sql: str) -> Signature | None:
     try:
         tree = parse_sql(sql)
     except SqlParseError:
