@@ -162,6 +162,41 @@ def test_operators_edit_only_ungrounded_literals(retail):
     assert "o.status = 'shipped'" in relax_containment(sql, retail, lookup).sql  # grounded: untouched
 
 
+def test_relaxed_patterns_match_a_literal_wildcard_only_as_itself(tmp_path):
+    """`= '100% wool'` relaxed to LIKE must not let its `%` (or a `_`) match other text: the patterns escape
+    them. Checked on a real SQLite file."""
+    import sqlite3
+
+    from data_synthesis.schema import Column, Schema, Table
+
+    path = tmp_path / "shop.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE item (name TEXT)")
+        conn.executemany("INSERT INTO item VALUES (?)", [("100% Wool",), ("1000 wool",), ("A_B coat",), ("AxB coat",),
+                                                         ("my a_b coat",), ("my axb coat",)])
+    schema = Schema("shop", (Table("item", (Column("name", "TEXT"),)),))
+    unknown = lambda table, column: None
+
+    def run(rewrite):
+        with sqlite3.connect(path) as conn:
+            return sorted(r[0] for r in conn.execute(rewrite.sql))
+
+    assert run(relax_case("SELECT name FROM item WHERE name = '100% WOOL'", schema, unknown)) == ["100% Wool"]
+    assert run(relax_case("SELECT name FROM item WHERE name = 'a_b COAT'", schema, unknown)) == ["A_B coat"]
+    assert run(relax_containment("SELECT name FROM item WHERE name = 'a_b coat'", schema, unknown)) == [
+        "A_B coat", "my a_b coat"]
+    plain = relax_case("SELECT name FROM item WHERE name = 'wool'", schema, unknown)
+    assert "ESCAPE" not in plain.sql  # nothing to escape: the pattern stays as it was
+
+
+def test_relax_case_never_proposes_the_query_it_was_given(retail):
+    """`col LIKE 'x'` is already case-insensitive: relax_case has nothing to offer (not the same SQL again)."""
+    unknown = lambda table, column: None
+    assert relax_case("SELECT name FROM customers WHERE city LIKE 'PARIS'", retail, unknown) is None
+    assert relax_containment("SELECT name FROM customers WHERE city LIKE 'PARIS'", retail, unknown).sql.endswith(
+        "city LIKE '%PARIS%'")
+
+
 # ------------------------------------------------------------------------------------------ lifecycle, no model
 def test_lifecycle_without_llm_filters_executes_and_rebinds(demo_db_root, retail):
     candidates = [Candidate("spec", 0, "SELECT name FROM customers WHERE city = 'Paris'"),

@@ -214,3 +214,23 @@ def test_select_file_keeps_every_question_even_without_a_usable_candidate(tmp_pa
     assert picks[2] == {"id": "fine", "sql": "SELECT count(*) FROM customers", "source": "a", "score": 1.0}
     trace = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     assert trace[1]["candidates"][1]["dropped"] == "filtered: unknown column: nme (not in customers)"
+
+
+@pytest.mark.parametrize("method", ["hybrid", "majority"])
+def test_trace_is_strict_json_when_one_result_class_has_no_rival(tmp_path, demo_db_root, method):
+    """A lone result class has no margin: the trace says null, never `Infinity` (not JSON)."""
+    from sirius_train.commands.select import select_file
+
+    row = {"id": "one", "db_id": "retail", "question": "q",
+           "candidates": [{"source": "a", "sql": "SELECT count(*) FROM customers"},
+                          {"source": "b", "sql": "SELECT count(*) FROM customers"}]}
+    pools = tmp_path / "pools.jsonl"
+    pools.write_text(json.dumps(row) + "\n")
+    select_file(demo_db_root, pools, tmp_path / "picks.jsonl", config=SelectorConfig(), method=method, workers=0,
+                trace_path=tmp_path / "trace.jsonl", show_progress=False)
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    (trace,) = [json.loads(line, parse_constant=refuse) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert trace["selection"]["margin"] is None

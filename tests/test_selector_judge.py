@@ -83,3 +83,17 @@ def test_select_cli_with_llm_url_uses_the_judge(tmp_path, demo_db_root):
         picked = run("--llm-url", server.url, "--llm-model", "judge")
     assert picked["source"] == "s2" and picked["sql"].endswith("'Paris'")
     assert len(server.requests) == 2 and all(r["model"] == "judge" for r in server.requests)
+
+
+def test_a_pair_counts_only_when_both_orders_gave_a_verdict():
+    """A judge that answers only when Paris is shown first (and then says "A") would, counting each order
+    alone, hand Paris every win on its position; with the pair skipped nobody scores."""
+    def first_only(messages, i):
+        a, b = sides(messages[-1]["content"])
+        return "A" if "Paris" in a and "Paris" not in b else "no idea"
+
+    with FakeOpenAIServer(first_only) as server:
+        judge = PairwiseJudge(ChatClient(server.url, "judge")).for_question(QUESTION)
+        selection = select(POOL, SelectorConfig(), judge)
+    assert len(server.requests) == 6  # 3 classes: 3 pairs, both orders
+    assert all(c.s_rm == 0.0 for c in selection.classes)

@@ -2,7 +2,8 @@
 
 The judge sees the question, the schema, and for each side the SQL and a preview of its result; it
 answers "A" or "B". Position bias (judges favour whichever comes first, or second) cancels because the
-selector asks every pair both ways and counts wins (`selector.preference_scores`).
+selector asks every pair both ways and counts a pair only when both orders gave a verdict
+(`selector.preference_scores`).
 """
 
 from __future__ import annotations

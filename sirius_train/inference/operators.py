@@ -10,6 +10,9 @@ order of how little they change the query's intent:
 2. `relax_case`: `col = 'x'` -> `col LIKE 'x'` (case-insensitive for ASCII in SQLite);
 3. `relax_containment`: `col = 'x'` -> `col LIKE '%x%'`.
 
+A literal's own `%` and `_` are escaped in these patterns (`ESCAPE '\'`), so '100%' matches only
+itself; a predicate that already is the pattern an operator would write is left alone.
+
 Everything here is pure: column values come from a `ValueLookup` the caller provides (the lifecycle
 reads them through the sandboxed executor). The first rewrite that returns rows is re-admitted.
 """
@@ -32,6 +35,7 @@ ValueLookup = Callable[[str, str], Sequence | None]
 
 FUZZY_CUTOFF = 0.8  # difflib ratio: about one edit in a five-letter word, two in a ten-letter one
 MIN_CONTAINED_CHARS = 4  # shorter literals are codes ('WI', 'NY'): a substring match of a code is noise
+LIKE_ESCAPE = "\\"  # escapes a literal's own % and _ in the patterns the relaxations build
 
 
 @dataclass(frozen=True)
@@ -260,9 +264,29 @@ def _relax(sql: str, schema: Schema, values: ValueLookup, name: str, pattern) ->
         if (use.grounded or id(comparison) in done or not isinstance(comparison, (exp.EQ, exp.Like))
                 or len(use.value.strip()) < MIN_CONTAINED_CHARS and name == "relax_containment"):
             continue
+        escaped = like_escape(use.value)
+        text = pattern(escaped)
+        if isinstance(comparison, exp.Like) and text == use.value:
+            continue  # already this very LIKE: rewriting it would run the same query again
         done.add(id(comparison))
         column = comparison.this if use.literal is comparison.expression else comparison.expression
-        relaxed = exp.Like(this=column.copy(), expression=exp.Literal.string(pattern(use.value)))
+        relaxed = exp.Like(this=column.copy(), expression=exp.Literal.string(text))
+        if escaped != use.value:
+            relaxed = exp.Escape(this=relaxed, expression=exp.Literal.string(LIKE_ESCAPE))
         comparison.replace(relaxed)
-        edits.append(f"{use.column}: = '{use.value}' -> LIKE '{pattern(use.value)}'")
+        edits.append(f"{use.column}: = '{use.value}' -> LIKE '{text}'"
+                     + (f" ESCAPE '{LIKE_ESCAPE}'" if escaped != use.value else ""))
     return Rewrite(name, to_sql(tree), tuple(edits)) if edits else None
+
+
+def like_escape(value: str) -> str:
+    r"""`value` as a LIKE pattern that matches exactly it: `%`, `_` (and the escape itself) escaped with
+    LIKE_ESCAPE, for use with `ESCAPE ''`; unchanged when there is nothing to escape.
+
+    Example:
+        >>> like_escape("100% cotton"), like_escape("a_b\\c"), like_escape("plain")
+        ('100\\% cotton', 'a\\_b\\\\c', 'plain')
+    """
+    if "%" not in value and "_" not in value:
+        return value
+    return "".join(LIKE_ESCAPE + ch if ch in ("%", "_", LIKE_ESCAPE) else ch for ch in value)

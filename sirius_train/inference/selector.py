@@ -113,7 +113,7 @@ class Selection:
     index: int | None  # chosen ballot; None when the pool is empty
     score: float
     decided_by: str
-    margin: float | None = None  # S_coarse lead of the best class over the second
+    margin: float | None = None  # S_coarse lead of the best class over the second; None when there is no second
     classes: list[ResultClass] = field(default_factory=list)  # best first
 
     def to_json(self, ballots: Sequence[Ballot]) -> dict:
@@ -217,6 +217,9 @@ def preference_scores(ballots: Sequence[Ballot], classes: Sequence[ResultClass],
                       top_k: int) -> list[float]:
     """S_rm: for the `top_k` classes, the fraction of pairwise comparisons won, each pair asked both ways.
 
+    A pair counts only when both orders gave a verdict: with one order missing, a judge that always
+    names the first (or second) side would score its position, not the answers.
+
     Example:
         >>> b = [Ballot("a", "SELECT 1", Status.OK, ((1,),)), Ballot("b", "SELECT 2", Status.OK, ((2,),))]
         >>> cs = [ResultClass([0], ((1,),)), ResultClass([1], ((2,),))]
@@ -225,21 +228,22 @@ def preference_scores(ballots: Sequence[Ballot], classes: Sequence[ResultClass],
         [0.0, 1.0]
         >>> preference_scores(b, cs, lambda x, y: 0, top_k=2)  # always "the first one": position bias cancels
         [0.5, 0.5]
+        >>> preference_scores(b, cs, lambda x, y: 0 if x[1] == ((1,),) else None, top_k=2)  # one order only
+        [0.0, 0.0]
     """
     k = min(top_k, len(classes))
     wins = [0.0] * len(classes)
     asked = [0] * len(classes)
     reps = [(ballots[c.members[0]].sql, c.rows) for c in classes]
     for a in range(k):
-        for b in range(k):
-            if a == b:
+        for b in range(a + 1, k):
+            forward, backward = judge(reps[a], reps[b]), judge(reps[b], reps[a])
+            if forward is None or backward is None:
                 continue
-            verdict = judge(reps[a], reps[b])
-            if verdict is None:
-                continue
-            asked[a] += 1
-            asked[b] += 1
-            wins[a if verdict == 0 else b] += 1
+            wins[a if forward == 0 else b] += 1
+            wins[b if backward == 0 else a] += 1
+            asked[a] += 2
+            asked[b] += 2
     return [wins[i] / asked[i] if asked[i] else 0.0 for i in range(len(classes))]
 
 
@@ -322,7 +326,7 @@ def _decision(selection: Selection, ballots: Sequence[Ballot], config: SelectorC
         return (f"structure: near tie (lead {selection.margin:.2f} < gate {config.margin:g}); its shape "
                 f"[{winner.signature.describe() if winner.signature else '?'}] is shared by {winner.support} "
                 f"source(s); {head}")
-    if selection.margin is None or selection.margin == float("inf"):
+    if selection.margin is None:
         return f"{selection.decided_by}: {head}; no other result"
     return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f} (gate {config.margin:g})"
 
@@ -349,9 +353,10 @@ def _reranks(ballots: Sequence[Ballot], mode: str) -> bool:
     return len({b.source for b in ballots}) < len(ballots)
 
 
-def _lead(classes: Sequence[ResultClass]) -> float:
+def _lead(classes: Sequence[ResultClass]) -> float | None:
+    """S_coarse lead of the best class over the second; None when there is no second (JSON has no Infinity)."""
     if len(classes) < 2:
-        return float("inf")
+        return None
     return classes[0].s_coarse - classes[1].s_coarse
 
 
