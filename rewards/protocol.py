@@ -173,7 +173,13 @@ class ExecuteResponse(BaseModel):
         return cls(**view, truncated=view["row_count"] > len(view["rows"]))
 
 
+SERVICE_NAME = "sirius-reward-server"
+
+
 class HealthResponse(BaseModel):
+    service: Literal["sirius-reward-server"] = Field(
+        SERVICE_NAME, description="who answers: a SIRIUS reward server (another server's /health says nothing like it)")
+    db_root: str = Field(..., description="absolute path of the databases this server scores against")
     status: str = Field(..., description="'ok', or 'shutting_down' once the server stops admitting work")
     workers: int
     queue_depth: int = Field(..., description="items admitted and not yet answered")

@@ -179,7 +179,8 @@ class RewardService:
 
     def health(self) -> HealthResponse:
         s = self.stats()
-        return HealthResponse(status="shutting_down" if self._closing else "ok", workers=s["workers"],
+        return HealthResponse(db_root=str(self.config.db_root.resolve()),
+                              status="shutting_down" if self._closing else "ok", workers=s["workers"],
                               queue_depth=s["admitted_items"], max_queue_items=s["max_queue_items"],
                               worker_restarts=s["restarts"])
 

@@ -7,6 +7,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import uvicorn
 
@@ -40,3 +41,30 @@ def running_server(config: ServerConfig, start_timeout_s: float = 30.0):
         thread.join(timeout=60)
         sock.close()
         assert not thread.is_alive(), "reward server thread did not stop"
+
+
+class _VLLMLikeHandler(BaseHTTPRequestHandler):
+    """What vLLM's OpenAI server answers: /health 200 with an empty body, /v1/score 404."""
+
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_GET
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def vllm_like_server():
+    """A second, real HTTP server on 127.0.0.1 that answers /health like vLLM does; yields its port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _VLLMLikeHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()

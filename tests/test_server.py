@@ -125,7 +125,8 @@ def test_execute_gives_typed_outcome_and_capped_preview(server):
 def test_health_metrics_and_openapi(server):
     health = httpx.get(server.url + "/health", timeout=10)
     assert health.status_code == 200
-    assert health.json() == {"status": "ok", "workers": 2, "queue_depth": 0, "max_queue_items": 16_384,
+    assert health.json() == {"service": "sirius-reward-server", "db_root": str(server.service.config.db_root.resolve()),
+                             "status": "ok", "workers": 2, "queue_depth": 0, "max_queue_items": 16_384,
                              "worker_restarts": server.service.executor.stats()["restarts"]}
     post(server.url, "/v1/score", {"items": [{"db_id": "retail", "gold_sql": "SELECT 1", "pred_sql": "SELECT 1"}]})
     m = metrics(server.url)

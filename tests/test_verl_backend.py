@@ -70,3 +70,48 @@ def test_the_models_kept_between_phases_leave_the_gpu_before_verl_starts(backend
     kept, _ = backend.local.load(tmp_path / "m")
     backend._free_gpu()
     assert backend.local._loaded is None and next(kept.parameters()).device.type == "cpu"
+
+
+def test_verl_is_not_launched_beside_a_server_that_is_not_ours(tmp_path, demo_db_root):
+    from server_harness import running_server, vllm_like_server
+
+    from rewards.service import ServerConfig
+    from sirius_train.verl_backend.reward_check import reward_server_problems
+
+    with vllm_like_server() as port:
+        cfg = load_config(NANO, ["backend=verl", f"output_dir={tmp_path}", f"data.db_root={demo_db_root}",
+                                 f"reward.url=http://127.0.0.1:{port}"])
+        backend = VerlBackend(cfg)
+        try:
+            with pytest.raises(ConfigError, match=r"before launching verl: .*not a SIRIUS reward server"):
+                backend._check_reward_servers(None, str(Path.cwd()))
+        finally:
+            backend.close()
+    with running_server(ServerConfig(demo_db_root, workers=1)) as ours:
+        assert reward_server_problems([ours.url], str(demo_db_root), None, "") == []
+        assert "not " + str(tmp_path) in reward_server_problems([ours.url], str(tmp_path), None, "")[0]
+
+
+def test_every_ray_node_checks_its_own_reward_server(demo_db_root):
+    import ray
+    from server_harness import vllm_like_server
+
+    from sirius_train.verl_backend.reward_check import reward_server_problems
+
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR",
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+    try:
+        with vllm_like_server() as port:
+            (problem,) = reward_server_problems([f"http://127.0.0.1:{port}"], str(demo_db_root), "auto", "")
+    finally:
+        ray.shutdown()
+    assert problem.startswith("node ") and "not a SIRIUS reward server" in problem  # found by a task on that node
+
+
+def test_pass_rates_and_evaluation_run_on_vllm_across_the_jobs_gpus():
+    from sirius_train.verl_backend.plans import estimation_engine
+
+    big = estimation_engine(load_config(NANO.parent / "sirius32b.yaml"))
+    assert (big.engine, big.tensor_parallel, big.actors) == ("vLLM", 4, 8)  # 4 nodes x 8 GPUs / TP 4
+    seven = estimation_engine(load_config(NANO.parent / "qwen7b_8gpu.yaml"))
+    assert (seven.tensor_parallel, seven.actors) == (1, 8)

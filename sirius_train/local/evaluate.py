@@ -21,7 +21,13 @@ def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str
         raise ValueError("no evaluation items")
     roll = generate(model, tokenizer, [it.prompt for it in items], n=1, temperature=0.0,
                     max_new_tokens=max_new_tokens, batch_size=batch_size)
-    preds = [extract_sql(t) for t in roll.texts]
+    return score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions)
+
+
+def score_answers(items, texts: list[str], executor: Executor, *, compare: str = "bird",
+                  return_predictions: bool = False) -> dict:
+    """The evaluation figures of one answer text per item, however the answers were generated."""
+    preds = [extract_sql(t) for t in texts]
     results = executor.score([ScoreItem(it.db_id, it.gold_sql, p, compare) for it, p in zip(items, preds)])
     per_db: dict[str, list[bool]] = {}
     for it, r in zip(items, results):

@@ -1,11 +1,13 @@
 """`VerlBackend`: the schedule's DAPO stages run as verl jobs on a Ray cluster; the other phases run here.
 
 Per stage: translate the run config (translate.py), check it against verl's own Hydra config
-(compose.py), launch verl's `main_ppo` through our entry point (main_ppo.py, launch.py), merge the last
-FSDP checkpoint to an HF folder, and hand that folder to the schedule, which re-estimates difficulty with
-it for stage 2.
-Building the base model, the SFT warm start, pass rates and evaluation reuse `LocalBackend` (HF on this
-node's first GPU): they are inference or small jobs, and the schedule exchanges plain HF folders.
+(compose.py), check every node's reward server and the stage's memory plan, launch verl's `main_ppo`
+through our entry point (main_ppo.py, launch.py), merge the last FSDP checkpoint to an HF folder, and hand
+that folder to the schedule, which re-estimates difficulty with it for stage 2.
+Pass rates and held-out evaluation go through vLLM engines (the rollout's tensor-parallel size) fanned
+out over Ray across the job's GPUs (`data_synthesis.ray_sampler`); a 32B model with HF `generate` on one
+GPU does not fit. Building the base model and the SFT warm start reuse `LocalBackend`; the schedule
+exchanges plain HF folders.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ from sirius_train.verl_backend.launch import (
     run_logged,
     verl_command,
     verl_env,
+)
+from sirius_train.verl_backend.memory import estimation_plan, stage_layout, stage_plans
+from sirius_train.verl_backend.plans import (
+    DEFAULT_GPU_GIB,
+    ENGINE_CALL_SEQUENCES,
+    estimation_engine,
+    model_shape,
+    require_fit,
 )
 from sirius_train.verl_backend.translate import StagePaths, stage_overrides
 
@@ -94,7 +104,9 @@ class VerlBackend:
         self.cfg = cfg
         self.local = LocalBackend(cfg)
 
-    # Phases that are inference or small jobs run here, exactly as on the local backend.
+        self._engines: tuple[tuple, object] | None = None  # ((model, max_model_len), RaySampler) kept between phases
+
+    # Building the base model and the SFT warm start run here, exactly as on the local backend.
     def prepare_base(self, data, out: Path) -> Path:
         return self.local.prepare_base(data, out)
 
@@ -102,10 +114,38 @@ class VerlBackend:
         return self.local.sft(data, init, out)
 
     def pass_rates(self, examples, model: Path, stage: StageConfig, data, out: Path):
-        return self.local.pass_rates(examples, model, stage, data, out)
+        """Pass rates through vLLM engines on the job's GPUs; the sampler stays up for the curriculum's gap filling."""
+        from data_synthesis.difficulty import estimate_pass_rates, prompt_for
+        from data_synthesis.ray_sampler import estimate_calls
+        from sirius_train.progress import progress_bar
+
+        sampler = self._sampler(model, stage.max_new_tokens, stage.name)
+        per_call = max(1, ENGINE_CALL_SEQUENCES // stage.estimate_k)
+        sampling = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens}
+        prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
+        sampler.expect(estimate_calls(prompts, stage.estimate_k, batch_size=per_call, seed=self.cfg.seed, **sampling))
+        with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k}, vLLM)", len(examples)) as advance:
+            rates = estimate_pass_rates(
+                examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
+                seed=self.cfg.seed, batch_size=per_call, compare=data.compare, timeout_s=self.cfg.reward.timeout_s,
+                policy=str(model), progress=advance, prompt_format=data.prompt_format, **sampling)
+        return rates, sampler
 
     def evaluate(self, model: Path, data, stage: str) -> dict:
-        return self.local.evaluate(model, data, stage)
+        """Greedy answers to the held-out set through the same vLLM engines, scored like the reward."""
+        from data_synthesis.ray_sampler import estimate_calls
+        from sirius_train.local.evaluate import score_answers
+
+        max_new = max(s.max_new_tokens for s in self.cfg.stages)
+        items = self.local._eval_items(data)
+        sampler = self._sampler(model, max_new, stage)
+        calls = estimate_calls([it.prompt for it in items], 1, batch_size=ENGINE_CALL_SEQUENCES, seed=self.cfg.seed,
+                               temperature=0.0, top_p=1.0, max_new_tokens=max_new)
+        sampler.expect(calls)
+        texts = [answers[0] for prompts, n, options in calls for answers in sampler.sample(prompts, n, **options)]
+        figures = score_answers(items, texts, self.local.executor, compare=data.compare)
+        self.local.metrics.log({"stage": stage, "step": -1, "eval": "final", **figures})
+        return figures
 
     def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data, out: Path) -> Path:
         """Launch verl on the curriculum, wait, merge its last checkpoint; returns the HF folder `out/model`."""
@@ -128,8 +168,12 @@ class VerlBackend:
         out.mkdir(parents=True, exist_ok=True)
         (out / "verl_config.yaml").write_text(OmegaConf.to_yaml(resolved))
         (out / "verl_command.sh").write_text(plan.shell() + "\n")
+        self._require_fit(init, f"stage {stage.name!r} (verl)",
+                          lambda shape, gib: stage_plans(shape, stage_layout(self.cfg, stage, gib)))
+        self._close_engines()
         self._free_gpu()
         env = verl_env(plan.paths.pythonpath, self.cfg.verl.ray_address)
+        self._check_reward_servers(env.get("RAY_ADDRESS"), plan.paths.pythonpath)
         _rotate(Path(plan.paths.metrics))
         stderr.print(f"[bold]verl[/] {stage.name}: {self.cfg.verl.nnodes}x{self.cfg.verl.n_gpus_per_node} GPUs, "
                      f"log {out / 'verl.log'}")
@@ -148,13 +192,52 @@ class VerlBackend:
         return model_dir
 
     def close(self) -> None:
+        self._close_engines()
         self.local.close()
 
-    def _free_gpu(self) -> None:
-        """verl needs every GPU of this node: move off the GPU the model LocalBackend keeps between phases.
+    def _sampler(self, model: Path, max_new_tokens: int, phase: str):
+        """vLLM engines serving `model` on every GPU of the job, started once and kept for the next phase."""
+        key = (str(model), self.cfg.verl.max_prompt_length + max_new_tokens)
+        if self._engines is not None and self._engines[0] == key:
+            return self._engines[1]
+        self._close_engines()
+        self._free_gpu()
+        self._require_fit(model, f"{phase}: vLLM pass rates / evaluation",
+                          lambda shape, gib: [estimation_plan(self.cfg, max_new_tokens, shape, gib)])
+        self._engines = (key, start_engines(self.cfg, model, key[1]))
+        return self._engines[1]
 
-        Moved, not only dropped: the schedule still holds the pass-rate sampler, which references it.
-        """
+    def _close_engines(self) -> None:
+        """Stop the vLLM actors (verl needs the GPUs) and this process's Ray connection."""
+        if self._engines is not None:
+            self._engines[1].close()
+            self._engines = None
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+
+    def _require_fit(self, model: Path, what: str, plans) -> None:
+        """Refuse a phase whose memory plan does not fit this node's GPUs (or 80 GiB when none is visible here)."""
+        found = model_shape(self.cfg, model)
+        if found is None:
+            stderr.print(f"[yellow]warning:[/] {what}: no config.json in {model}; memory plan not checked")
+            return
+        require_fit(plans(found[1], _gpu_gib()), what)
+
+    def _check_reward_servers(self, ray_address: str | None, pythonpath: str) -> None:
+        """Every node's reward server must be ours and serve `data.db_root`, before verl starts."""
+        if not self.cfg.reward.url:
+            return
+        from sirius_train.verl_backend.reward_check import reward_server_problems
+
+        urls = [u.strip() for u in self.cfg.reward.url.split(",") if u.strip()]
+        problems = reward_server_problems(urls, str(Path(self.cfg.data.db_root).resolve()), ray_address, pythonpath)
+        if problems:
+            raise ConfigError("reward server check failed before launching verl: " + "; ".join(problems))
+
+    def _free_gpu(self) -> None:
+        """verl and vLLM need every GPU of this node: move off the GPU the model LocalBackend keeps after SFT."""
         import torch
 
         if self.local._loaded is not None:  # LocalBackend has no public unload
@@ -174,6 +257,37 @@ class VerlBackend:
                     by_step[row["step"]] = row["data"]
         for step in sorted(by_step):
             self.local.metrics.log({"stage": stage, "step": step, "backend": "verl", **by_step[step]})
+
+
+def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
+    """A `RaySampler` of `VLLMSampler`s, one per `rollout_tp` GPUs of the job, in the cluster verl will use."""
+    from functools import partial
+
+    import ray
+
+    from data_synthesis.ray_sampler import RaySampler
+    from data_synthesis.vllm_sampler import VLLMSampler
+
+    v, engine = cfg.verl, estimation_engine(cfg)
+    if not ray.is_initialized():
+        env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), v.ray_address)
+        ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
+    options = {"distributed_executor_backend": "mp"} if engine.tensor_parallel > 1 else {}
+    make = partial(VLLMSampler, str(Path(model).resolve()), tensor_parallel_size=engine.tensor_parallel,
+                   gpu_memory_utilization=engine.gpu_memory_utilization, max_model_len=max_model_len,
+                   max_num_batched_tokens=v.max_num_batched_tokens, enforce_eager=v.enforce_eager, seed=cfg.seed,
+                   **options)
+    stderr.print(f"[bold]pass rates / evaluation[/]: {engine.describe()}")
+    return RaySampler(make, engine.actors, num_gpus=engine.tensor_parallel)
+
+
+def _gpu_gib() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return DEFAULT_GPU_GIB
 
 
 def _check_rows(curriculum: Path, stage: StageConfig) -> None:

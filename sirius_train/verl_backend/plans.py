@@ -1,0 +1,82 @@
+"""What a verl run will put where: the pass-rate / evaluation engines and each phase's memory plan.
+
+Shared by `sirius train --dry-run`, `sirius doctor` and the backend itself (which refuses a phase whose plan
+does not fit). The arithmetic is `memory.py`; this module finds the model's shape (its config.json, or the
+published shape of a model the folder is named after, or the nano model the run builds) and the GPU size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sirius_train.config import ConfigError, RunConfig
+from sirius_train.verl_backend.memory import (
+    ModelShape,
+    PhasePlan,
+    estimation_plan,
+    known_shape,
+    stage_layout,
+    stage_plans,
+)
+
+DEFAULT_GPU_GIB = 80.0  # A100/H100 80 GB: what the shipped cluster recipes are sized for
+ENGINE_CALL_SEQUENCES = 512  # answers one vLLM call generates (examples per call = this / k)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """Pass-rate estimation and evaluation on the verl backend: vLLM engines fanned out over Ray actors."""
+
+    engine: str
+    tensor_parallel: int
+    actors: int
+    gpu_memory_utilization: float
+
+    def describe(self) -> str:
+        return (f"{self.engine}, tensor parallel {self.tensor_parallel}, {self.actors} Ray actor(s) x "
+                f"{self.tensor_parallel} GPU(s), gpu_memory_utilization {self.gpu_memory_utilization}")
+
+
+def estimation_engine(cfg: RunConfig) -> EnginePlan:
+    """vLLM at the rollout's tensor-parallel size on every GPU of the job (HF generate is the local backend's)."""
+    v = cfg.verl
+    return EnginePlan("vLLM", v.rollout_tp, v.nnodes * v.n_gpus_per_node // v.rollout_tp,
+                      v.estimate_gpu_memory_utilization)
+
+
+def model_shape(cfg: RunConfig, model_path: str | Path | None = None) -> tuple[str, ModelShape] | None:
+    """(where the shape came from, the shape) of the model a phase uses; None when nothing says."""
+    path = model_path or cfg.model.path
+    if path is None:  # the nano model the run builds from the config
+        m = cfg.model
+        return "the nano model of this config", ModelShape(
+            vocab=m.tokenizer_vocab, hidden=m.hidden_size, intermediate=m.intermediate_size,
+            layers=m.num_hidden_layers, heads=m.num_attention_heads, kv_heads=m.num_attention_heads,
+            tied_embeddings=True)
+    config = Path(path) / "config.json"
+    if config.is_file():
+        try:
+            return f"{config}", ModelShape.from_hf_config(json.loads(config.read_text()))
+        except (KeyError, TypeError, ValueError):
+            return None
+    if known := known_shape(str(path)):
+        return f"published config of {known[0]} ({path} not readable here)", known[1]
+    return None
+
+
+def stage_memory(cfg: RunConfig, shape: ModelShape, gpu_gib: float) -> list[tuple[str, list[PhasePlan]]]:
+    """Per stage: pass rates + eval (vLLM), rollout (vLLM in verl), update (FSDP)."""
+    return [(stage.name, [estimation_plan(cfg, stage.max_new_tokens, shape, gpu_gib),
+                          *stage_plans(shape, stage_layout(cfg, stage, gpu_gib))]) for stage in cfg.stages]
+
+
+def require_fit(plans: list[PhasePlan], what: str) -> None:
+    """Refuse to start `what` when a plan of it does not fit, with the fix."""
+    bad = [p for p in plans if not p.fits]
+    if bad:
+        raise ConfigError(f"{what}: " + "; ".join(
+            f"{p.phase} needs {p.total_gib:.1f} of {p.gpu_gib:.0f} GiB per GPU ({p.note})" for p in bad) +
+            " -- lower verl.ppo_max_token_len_per_gpu or the lengths, raise verl.rollout_tp, set verl.param_offload/"
+            "optimizer_offload, or change verl.gpu_memory_utilization (see `sirius doctor CONFIG`)")
