@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU smoke test, one prepared script, under 8 minutes on one GPU:
-#   1. environment report (GPU, torch, CUDA, verl, vLLM)                          -> $OUT/env.txt
+#   1. environment report (GPU, torch, CUDA, verl, vLLM), then `sirius doctor` on the
+#      configs below (versions against the tested set, memory plans)            -> $OUT/env.txt, $OUT/doctor_*.txt
 #   2. the local backend on the GPU: nano schedule (SFT + two short DAPO stages)    -> $OUT/local/summary.json
 #   3. verl, when it and vLLM import here: dry-run of every shipped config, then
 #      the nano schedule with --backend verl on this one GPU                       -> $OUT/verl/summary.json
@@ -8,6 +9,7 @@
 #
 #   scripts/gpu_smoke.sh                   # from the repository root; PYTHON=/path/to/python to choose one
 #   OUT=/tmp/smoke scripts/gpu_smoke.sh
+#   SMOKE_MODEL=/models/Qwen2.5-0.5B-Instruct scripts/gpu_smoke.sh   # also configs/smoke_1gpu.yaml on that model
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -66,6 +68,20 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
 fi
 record environment ok 0 "$(grep -m1 '^torch' "$OUT/env.txt")"
 
+# verl on this one GPU: the shape step 3 runs, and what doctor checks first
+VERL1=(verl.n_gpus_per_node=1 verl.rollout_tp=1 verl.gpu_memory_utilization=0.3 verl.reward_workers=2
+       verl.max_prompt_length=1024 verl.strategy=fsdp2)
+if ! "$PYTHON" -c "import flash_attn" >/dev/null 2>&1; then
+    VERL1+=(verl.attn_implementation=sdpa)  # verl's default flash_attention_2 needs the flash-attn package
+fi
+timed doctor_nano 120 "$OUT/doctor_nano.txt" "$PYTHON" -m sirius_train.cli doctor configs/nano.yaml
+timed doctor_nano_verl 120 "$OUT/doctor_nano_verl.txt" \
+    "$PYTHON" -m sirius_train.cli doctor configs/nano.yaml backend=verl "${VERL1[@]}"
+if [[ -n "${SMOKE_MODEL:-}" ]]; then
+    timed doctor_smoke_1gpu 120 "$OUT/doctor_smoke_1gpu.txt" \
+        "$PYTHON" -m sirius_train.cli doctor configs/smoke_1gpu.yaml model.path="$SMOKE_MODEL"
+fi
+
 # A short nano schedule: same code path as `make demo`, sized to finish in a few minutes.
 SMALL=(data.generated_train_dbs=8 data.synth_per_db=60 data.generated_eval_dbs=2 data.eval_per_db=30
        sft.epochs=4 logging.plots=false
@@ -89,12 +105,14 @@ if "$PYTHON" -c "import verl, vllm, transfer_queue" >/dev/null 2>&1; then
     done
     timed verl_backend 330 "$OUT/verl.log" \
         "$PYTHON" -m sirius_train.cli train configs/nano.yaml --backend verl name=verl output_dir="$OUT" \
-        data.db_root="$OUT/dbs" "${SMALL[@]}" stages.0.steps=2 stages.1.steps=2 \
-        verl.n_gpus_per_node=1 verl.rollout_tp=1 verl.gpu_memory_utilization=0.3 verl.reward_workers=2 \
-        verl.max_prompt_length=1024 verl.strategy=fsdp2
+        data.db_root="$OUT/dbs" "${SMALL[@]}" stages.0.steps=2 stages.1.steps=2 "${VERL1[@]}"
     if [[ -f "$OUT/verl/summary.json" ]]; then
         "$PYTHON" -c "import json,sys; s=json.load(open(sys.argv[1])); print('verl EX', s['eval_exec_acc'], \
 'seconds', s['wall_seconds_this_invocation'])" "$OUT/verl/summary.json" | tee -a "$results"
+    fi
+    if [[ -n "${SMOKE_MODEL:-}" ]]; then
+        timed verl_smoke_1gpu 600 "$OUT/verl_smoke_1gpu.log" "$PYTHON" -m sirius_train.cli train configs/smoke_1gpu.yaml \
+            model.path="$SMOKE_MODEL" output_dir="$OUT" data.db_root="$OUT/dbs"
     fi
 else
     record verl_backend skipped 0 "verl, vllm or transfer_queue does not import with $PYTHON (see env.txt)"

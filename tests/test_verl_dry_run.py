@@ -22,7 +22,7 @@ from sirius_train.verl_backend.compose import compose_verl_config  # noqa: E402
 
 pytestmark = pytest.mark.verl
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = [("nano.yaml", ["backend=verl"]), ("qwen7b_8gpu.yaml", []), ("sirius32b.yaml", [])]
+SHIPPED = [("nano.yaml", ["backend=verl"]), ("qwen7b_8gpu.yaml", []), ("sirius32b.yaml", []), ("smoke_1gpu.yaml", [])]
 
 
 @pytest.mark.parametrize("name, extra", SHIPPED)

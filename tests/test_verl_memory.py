@@ -18,6 +18,7 @@ from sirius_train.config import load_config
 from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
 from sirius_train.verl_backend.memory import (
     GIB,
+    QWEN25_05B,
     QWEN25_7B,
     QWEN25_32B,
     Layout,
@@ -43,6 +44,7 @@ DAPO_32B = Layout(gpus=16 * 8, gpu_gib=80, tokens_per_gpu=2048 + 20480, max_mode
 def test_parameter_counts_are_the_published_ones():
     assert QWEN25_7B.params == 7_615_616_512  # Qwen2.5-7B: 7.62 B
     assert QWEN25_32B.params == 32_763_876_352  # Qwen2.5-32B: 32.76 B
+    assert QWEN25_05B.params == 494_032_768  # Qwen2.5-0.5B: 0.49 B (tied embeddings)
 
 
 def test_parameter_count_of_a_real_model_built_here():

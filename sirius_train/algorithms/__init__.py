@@ -3,19 +3,21 @@
 Nothing here imports a trainer, Ray or verl; both backends call these functions.
 """
 
-from sirius_train.algorithms.dapo import (
-    LOSS_AGG_MODES,
-    DynamicSamplingBuffer,
-    agg_loss,
-    dynamic_sampling_keep,
-    group_advantages,
-    group_metrics,
-    overlong_penalties,
-    overlong_penalty,
-    policy_loss,
-)
-from sirius_train.algorithms.entropy import ENTROPY_MODES, EntropyGate, EntropyGateConfig
-from sirius_train.algorithms.logprob import logprobs_and_entropy
+import importlib
+
+_HOME = {"LOSS_AGG_MODES": "dapo", "DynamicSamplingBuffer": "dapo", "agg_loss": "dapo",
+         "dynamic_sampling_keep": "dapo", "group_advantages": "dapo", "group_metrics": "dapo",
+         "overlong_penalties": "dapo", "overlong_penalty": "dapo", "policy_loss": "dapo",
+         "ENTROPY_MODES": "entropy", "EntropyGate": "entropy", "EntropyGateConfig": "entropy",
+         "logprobs_and_entropy": "logprob"}
+
+
+def __getattr__(name: str):
+    """Imported on first use: `sirius_train.config` reads `algorithms.entropy`, which must not import torch."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+
 
 __all__ = [
     "ENTROPY_MODES",

@@ -17,8 +17,10 @@ A backend that can only set a constant coefficient per step (verl's `actor.entro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the run config imports ENTROPY_MODES, and must not pull torch in
+    import torch
 
 ENTROPY_MODES = ("adaptive", "fixed", "off")
 

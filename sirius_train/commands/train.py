@@ -26,6 +26,24 @@ def _load(config: Path | None, overrides: list[str], **forced):
     return cfg
 
 
+def preflight(cfg) -> None:
+    """The cheap checks of `sirius doctor` before anything starts: a failure is an error with its fix."""
+    from sirius_train.preflight import FAIL, WARN, cheap_checks
+
+    checks = cheap_checks(cfg)
+    for c in checks:
+        if c.status == WARN:
+            stderr.print(f"[yellow]warning:[/] {escape(c.name)}: {escape(c.detail)}" + (f" -- {escape(c.fix)}" if c.fix
+                                                                                        else ""))
+    failed = [c for c in checks if c.status == FAIL]
+    for c in failed:
+        stderr.print(f"[red]error:[/] {escape(c.name)}: {escape(c.detail)}" + (f" -- fix: {escape(c.fix)}" if c.fix
+                                                                               else ""))
+    if failed:
+        stderr.print("nothing was started; `sirius doctor CONFIG` shows every check")
+        raise typer.Exit(2)
+
+
 def run_schedule(cfg, sft_only: bool = False) -> dict:
     from sirius_train.schedule import run
 
@@ -56,15 +74,40 @@ def print_verl_plan(cfg) -> None:
         from sirius_train.verl_backend import plan_run
         from sirius_train.verl_backend.compose import compose_verl_config
 
+        memory = _memory_plans(cfg)
         for index, plan in enumerate(plan_run(cfg), start=1):
             resolved = compose_verl_config(plan.overrides)
             typer.echo(f"# ---- stage {index}: {plan.name} -- command\n{_multiline(plan.argv)}\n")
             typer.echo(f"# ---- stage {index}: {plan.name} -- resolved verl config\n{OmegaConf.to_yaml(resolved)}")
+            typer.echo(f"# ---- stage {index}: {plan.name} -- plan\n{memory[1][index - 1]}\n")
     except (ConfigError, ImportError) as e:
         stderr.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from None
-    stderr.print(f"[green]ok:[/] {len(cfg.stages)} stage(s) compose with verl's own config; model and data paths "
-                 "are not opened by a dry run")
+    if memory[0]:
+        stderr.print(f"[red]error:[/] {'; '.join(memory[0])} does not fit (see the plan above; `sirius doctor CONFIG`)")
+        raise typer.Exit(2)
+    stderr.print(f"[green]ok:[/] {len(cfg.stages)} stage(s) compose with verl's own config and fit the memory plan; "
+                 "model and data paths are not opened by a dry run")
+
+
+def _memory_plans(cfg) -> tuple[list[str], list[str]]:
+    """(phases that do not fit, one text block per stage): the engines and every phase's per-GPU memory."""
+    from sirius_train.verl_backend.plans import DEFAULT_GPU_GIB, estimation_engine, model_shape, stage_memory
+
+    engine = f"pass rates + evaluation: {estimation_engine(cfg).describe()}"
+    found = model_shape(cfg)
+    if found is None:
+        return [], [f"{engine}\nmemory plan: no model shape ({cfg.model.path} has no config.json here)"] * len(cfg.stages)
+    head = f"{engine}\nmemory per GPU ({DEFAULT_GPU_GIB:.0f} GiB assumed; model shape from {found[0]}):"
+    blocks, bad = [], []
+    for stage, plans in stage_memory(cfg, found[1], DEFAULT_GPU_GIB):
+        lines = [head]
+        for p in plans:
+            lines.append(f"  {p.phase:<26} {p.total_gib:5.1f} GiB  {'fits' if p.fits else 'DOES NOT FIT'}: {p.note}")
+            lines.append("      " + ", ".join(f"{name} {gib:.1f}" for name, gib in p.parts))
+            bad += [] if p.fits else [f"{stage}: {p.phase}"]
+        blocks.append("\n".join(lines))
+    return bad, blocks
 
 
 def _multiline(argv: list[str]) -> str:
@@ -107,6 +150,7 @@ def register(app: typer.Typer) -> None:
             stderr.print("[red]error:[/] `sirius train` runs in one process (backend=verl starts its own Ray "
                          "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
             raise typer.Exit(2)
+        preflight(cfg)
         from sirius_train.config import ConfigError
 
         try:

@@ -78,7 +78,9 @@ class ModelShape:
 # Published shapes (each model's config.json on the Hugging Face hub), for planning before the weights are here.
 QWEN25_7B = ModelShape(vocab=152064, hidden=3584, intermediate=18944, layers=28, heads=28, kv_heads=4, qkv_bias=True)
 QWEN25_32B = ModelShape(vocab=152064, hidden=5120, intermediate=27648, layers=64, heads=40, kv_heads=8, qkv_bias=True)
-KNOWN_SHAPES = {"qwen2.5-coder-7b": QWEN25_7B, "qwen2.5-7b": QWEN25_7B, "qwen2.5-math-7b": QWEN25_7B,
+QWEN25_05B = ModelShape(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2,
+                        tied_embeddings=True, qkv_bias=True)
+KNOWN_SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-coder-0.5b": QWEN25_05B, "qwen2.5-coder-7b": QWEN25_7B, "qwen2.5-7b": QWEN25_7B, "qwen2.5-math-7b": QWEN25_7B,
                 "qwen2.5-coder-32b": QWEN25_32B, "qwen2.5-32b": QWEN25_32B}
 
 

@@ -1,0 +1,112 @@
+"""`sirius doctor CONFIG`: light, all green for the demo, and each failure with its fix; `sirius train` stops on them.
+
+Real parts throughout: package metadata, SQLite files opened read-only, our reward server and a vLLM-like
+HTTP server on 127.0.0.1, the memory planner on the shipped configs. No GPU here, so the GPU rows are the
+"none visible" ones.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from server_harness import running_server, vllm_like_server
+from typer.testing import CliRunner
+
+from rewards.service import ServerConfig
+from sirius_train.cli import app
+from sirius_train.commands.doctor import doctor_report
+from sirius_train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def _statuses(cfg) -> dict[str, str]:
+    return {c.name: c.status for c in doctor_report(cfg).checks}
+
+
+def test_doctor_on_the_demo_is_all_green_and_imports_no_model_library():
+    code = ("import sys\nfrom sirius_train.cli import app\nfrom typer.testing import CliRunner\n"
+            "r = CliRunner().invoke(app, ['doctor', 'configs/nano.yaml'])\n"
+            "print(r.exit_code, [m for m in ('torch', 'transformers', 'vllm', 'verl', 'ray') if m in sys.modules])\n"
+            "print(r.output)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+    first, *table = out.stdout.splitlines()
+    assert first == "0 []", out.stdout + out.stderr
+    assert not [line for line in table if " FAIL " in line or " warn " in line]
+    statuses = set(_statuses(load_config(CONFIGS / "nano.yaml")).values())
+    assert statuses <= {"ok", "-"}
+
+
+def test_cluster_configs_here_say_what_is_missing_and_the_fix():
+    result = CliRunner().invoke(app, ["doctor", str(CONFIGS / "sirius32b.yaml")], env={"COLUMNS": "250"})
+    assert result.exit_code == 1
+    report = doctor_report(load_config(CONFIGS / "sirius32b.yaml"))
+    failed = {c.name: c for c in report.checks if c.status == "FAIL"}
+    assert {"GPUs", "model.path", "databases", "reward server", "vllm", "flash-attn"} <= failed.keys()
+    assert all(c.fix for c in failed.values())
+    assert "scripts/reward_server_per_node.sh" in failed["reward server"].fix
+    assert "verl.attn_implementation=sdpa" in failed["flash-attn"].fix
+    phases = [(stage, p.phase, p.fits) for stage, plans in report.plans for p in plans]
+    assert [(s, f) for s, _, f in phases] == [("stage1", True)] * 3 + [("stage2", True)] * 3
+    assert "published config of qwen2.5-coder-32b" in report.shape_source
+    assert "memory plan per GPU" in result.output and "tensor parallel 4, 8 Ray actor(s)" in result.output
+
+
+def test_a_phase_that_does_not_fit_fails_the_doctor_and_the_dry_run():
+    cfg = load_config(CONFIGS / "sirius32b.yaml", ["verl.rollout_tp=1"])  # 61 GiB of weights per GPU
+    report = doctor_report(cfg)
+    assert report.failed
+    assert {p.phase for _, plans in report.plans for p in plans if not p.fits} == {"rollout (vLLM in verl)"}
+    dry = CliRunner().invoke(app, ["train", str(CONFIGS / "sirius32b.yaml"), "verl.rollout_tp=1", "--dry-run"])
+    assert dry.exit_code == 2 and "DOES NOT FIT" in dry.output
+
+
+def test_databases_are_opened_read_only_and_missing_ones_named(demo_db_root, tmp_path):
+    root = tmp_path / "dbs"
+    (root / "retail").mkdir(parents=True)
+    (root / "retail" / "retail.sqlite").write_bytes((demo_db_root / "retail" / "retail.sqlite").read_bytes())
+    (root / "clinic").mkdir()
+    (root / "clinic" / "clinic.sqlite").write_bytes(b"not a database" * 100)
+    cfg = load_config(CONFIGS / "nano.yaml", [f"data.db_root={root}", "data.build_demo_dbs=false",
+                                              "data.generated_train_dbs=0", "data.generated_eval_dbs=0",
+                                              "data.train_dbs=[retail,library]", "data.eval_dbs=[clinic]"])
+    (check,) = [c for c in doctor_report(cfg).checks if c.name == "databases"]
+    assert check.status == "FAIL" and "missing: library" in check.detail and "clinic (file is not a database)" in \
+        check.detail and "<db_root>/<db_id>/<db_id>.sqlite" in check.fix
+
+
+def test_the_reward_server_must_be_ours_for_the_configs_databases(demo_db_root, tmp_path):
+    with running_server(ServerConfig(demo_db_root, workers=1)) as ours:
+        ok = load_config(CONFIGS / "nano.yaml", [f"data.db_root={demo_db_root}", f"reward.url={ours.url}"])
+        assert _statuses(ok)["reward server"] == "ok"
+        other = load_config(CONFIGS / "nano.yaml", [f"data.db_root={tmp_path}", f"reward.url={ours.url}"])
+        assert _statuses(other)["reward server"] == "FAIL"
+    with vllm_like_server() as port:
+        cfg = load_config(CONFIGS / "nano.yaml", [f"reward.url=http://127.0.0.1:{port}"])
+        (check,) = [c for c in doctor_report(cfg).checks if c.name == "reward server"]
+        assert check.status == "FAIL" and "not a SIRIUS reward server" in check.detail
+
+
+def test_budget_without_slack_is_flagged_with_the_size_to_use():
+    cfg = load_config(CONFIGS / "nano.yaml", ["stages.0.budget=96"])  # 12 steps x 8 prompts exactly
+    (check,) = [c for c in doctor_report(cfg).checks if c.name == "budget stage1"]
+    assert check.status == "warn" and "stages.0.budget=192" in check.fix
+
+
+def test_train_runs_the_cheap_checks_first_and_starts_nothing(tmp_path):
+    result = CliRunner().invoke(app, ["train", str(CONFIGS / "nano.yaml"), f"output_dir={tmp_path}",
+                                      f"data.db_root={tmp_path / 'none'}", "data.build_demo_dbs=false"])
+    assert result.exit_code == 2
+    assert "error: databases:" in result.output and "nothing was started" in result.output
+    assert not (tmp_path / "nano").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen7b_8gpu.yaml", "sirius32b.yaml", "smoke_1gpu.yaml"])
+def test_shipped_verl_configs_plan_within_80_gib(name):
+    report = doctor_report(load_config(CONFIGS / name), gpu_gib=80)
+    assert report.plans and all(p.fits for _, plans in report.plans for p in plans)
