@@ -68,7 +68,7 @@ def check_reward_server(url: str, db_root: str | None, timeout_s: float = 5.0) -
         response = httpx.get(url + "/health", timeout=timeout_s)
     except httpx.ConnectError:
         return ServerCheck(ABSENT, f"nothing listens at {url}: start the reward server there "
-                                   "(SIRIUS_DB_ROOT=... scripts/reward_server_per_node.sh)")
+                                   "(scripts/reward_server_per_node.sh)")
     except httpx.HTTPError as e:  # a listener that does not speak HTTP, or never answers
         return ServerCheck(FOREIGN, f"{url} does not answer HTTP /health ({type(e).__name__}): the port is held by "
                                     "another program; stop it or move the reward server to a free port")

@@ -61,13 +61,13 @@ def test_the_recipes_fit_and_their_figures_are_the_arithmetic():
         assert all(plan.fits for plan in stage_plans(shape, layout)), [(p.phase, p.note) for p in
                                                                         stage_plans(shape, layout)]
     update = dict(update_plan(QWEN25_32B, DAPO_32B).parts)
-    assert update["training state (16 B/param, sharded)"] == pytest.approx(16 * 32_763_876_352 / 128 / GIB)
+    assert update["FSDP state"] == pytest.approx(16 * 32_763_876_352 / 128 / GIB)
     assert update["logits"] == pytest.approx(22528 * 152064 * 10 / GIB)  # 31.9 GiB: the largest part
-    assert update["checkpointed activations"] == pytest.approx(64 * 22528 * 5120 * 2 / GIB)
+    assert update["saved activations"] == pytest.approx(64 * 22528 * 5120 * 2 / GIB)
     assert update_plan(QWEN25_32B, DAPO_32B).total_gib == pytest.approx(62.4, abs=0.1)
     rollout = rollout_plan(QWEN25_32B, DAPO_32B)
-    assert dict(rollout.parts)["vLLM weights (bf16 / TP 4)"] == pytest.approx(2 * 32_763_876_352 / 4 / GIB)
-    assert "actor state kept during rollout" not in dict(rollout.parts)  # both offloads: nothing stays
+    assert dict(rollout.parts)["weights / TP 4"] == pytest.approx(2 * 32_763_876_352 / 4 / GIB)
+    assert "actor kept" not in dict(rollout.parts)  # both offloads: nothing stays
     assert QWEN25_32B.kv_bytes_per_token(4) == 2 * 64 * 2 * 128 * 2  # 8 KV heads over 4 ranks
 
 
@@ -79,7 +79,7 @@ def test_shapes_the_recipes_avoid_do_not_fit():
     no_recompute = update_plan(QWEN25_7B, replace(DAPO_7B, gradient_checkpointing=False))
     assert not no_recompute.fits
     crowded = rollout_plan(QWEN25_32B, replace(DAPO_32B, gpus=8, param_offload=False, optimizer_offload=False))
-    assert not crowded.fits and "free beside actor state" in crowded.note  # 45.8 GiB of AdamW + params stay
+    assert not crowded.fits and "free beside what the actor keeps" in crowded.note  # 45.8 GiB of AdamW + params stay
 
 
 def test_shipped_cluster_configs_fit_an_80_gb_gpu_at_every_phase():

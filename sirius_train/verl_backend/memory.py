@@ -1,23 +1,24 @@
 """Per-GPU memory plans for the phases of a verl run, from the model's shape and the config (pure arithmetic).
 
 Estimates, not measurements: each part is the textbook size of what the phase keeps on a GPU, so that a
-shape that cannot fit is caught in seconds instead of an hour into a cluster job. The parts:
+shape that cannot fit is caught in seconds instead of an hour into a cluster job. The parts (their labels):
 
-    FSDP training state   fp32 parameters + fp32 gradients + AdamW m, v = 16 bytes/param, sharded over all GPUs
+    FSDP state            fp32 parameters + fp32 gradients + AdamW m, v = 16 bytes/param, sharded over all GPUs
                           (on the GPU during the update even with offload: verl loads them back for the step)
-    resident in rollout   what stays of it while vLLM generates: fp32 params unless param_offload, AdamW unless
+    actor kept            what stays of it while vLLM generates: fp32 params unless param_offload, AdamW unless
                           optimizer_offload (gradients are freed after the step)
     gathered layers       FSDP unshards two layers at a time in bf16 (+ the fp32 gradient of one) and the
                           embedding / LM head (bf16)
-    activations           gradient checkpointing keeps each layer's bf16 input (layers x tokens x hidden x 2) and
-                          recomputes one layer at a time: (5h + 2 kv_heads head_dim + 4 intermediate) x 2 bytes a token
+    saved activations     gradient checkpointing keeps each layer's bf16 input (layers x tokens x hidden x 2);
+    recompute             one layer at a time is recomputed: (5h + 2 kv_heads head_dim + 4 intermediate) x 2 bytes
+                          a token (without checkpointing, "activations" = that for every layer)
     logits                tokens x vocab x (2 bf16 logits + 4 fp32 log-softmax + 4 fp32 gradient), + 4 for the
                           softmax an entropy term in the loss keeps (the adaptive gate, a fixed coefficient)
-    vLLM                  gpu_memory_utilization x GPU memory: bf16 weights / TP, its profiled activations
-                          (max_num_batched_tokens x (4h + 3 intermediate / TP) x 2 bytes + 256 sequences' fp32
-                          logits), 1 GiB of CUDA graphs unless enforce_eager, and the KV cache gets the rest;
-                          vLLM refuses to start when the cache cannot hold one sequence of max_model_len
-    CUDA context, NCCL    2 GiB a GPU outside all of the above
+    weights / TP, vLLM    vLLM takes gpu_memory_utilization x GPU memory: bf16 weights / TP, its profiled
+    activations, CUDA     activations (max_num_batched_tokens x (4h + 3 intermediate / TP) x 2 bytes + 256
+    graphs, KV cache      sequences' fp32 logits), 1 GiB of CUDA graphs unless enforce_eager, and the KV cache
+                          gets the rest; vLLM refuses to start when that cannot hold one max_model_len sequence
+    context               CUDA context, NCCL buffers, allocator slack: 2 GiB a GPU outside all of the above
 
 `tokens` is the per-GPU token budget of one micro-batch (`ppo_max_token_len_per_gpu`; with Ulysses
 sequence parallelism each GPU holds that many tokens of a longer sequence).
@@ -130,15 +131,15 @@ def update_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     """The FSDP actor update (the peak of the training side) at `tokens_per_gpu` tokens per micro-batch."""
     p, t = shape.params, layout.tokens_per_gpu
     per_layer_token = (5 * shape.hidden + 2 * shape.kv_heads * shape.hd + 4 * shape.intermediate) * 2
-    parts = [("training state (16 B/param, sharded)", 16 * p / layout.gpus / GIB),
+    parts = [("FSDP state", 16 * p / layout.gpus / GIB),
              ("gathered layers", (shape.layer_params * (2 * 2 + 4) + shape.vocab * shape.hidden * 2) / GIB)]
     if layout.gradient_checkpointing:
-        parts += [("checkpointed activations", shape.layers * t * shape.hidden * 2 / GIB),
-                  ("one layer's recompute", t * per_layer_token / GIB)]
+        parts += [("saved activations", shape.layers * t * shape.hidden * 2 / GIB),
+                  ("recompute", t * per_layer_token / GIB)]
     else:
-        parts += [("activations (no checkpointing)", shape.layers * t * per_layer_token / GIB)]
+        parts += [("activations", shape.layers * t * per_layer_token / GIB)]
     parts += [("logits", t * shape.vocab * (10 + (4 if layout.entropy_in_loss else 0)) / GIB),
-              ("CUDA context, NCCL", CONTEXT_GIB)]
+              ("context", CONTEXT_GIB)]
     total = sum(g for _, g in parts)
     return PhasePlan("update (FSDP actor)", tuple(parts), layout.gpu_gib, total <= layout.gpu_gib,
                      f"{t} tokens per micro-batch per GPU, state sharded over {layout.gpus} GPUs")
@@ -156,14 +157,13 @@ def vllm_plan(phase: str, shape: ModelShape, *, tp: int, utilization: float, gpu
     kv = budget - weights - activations - graphs
     kv_tokens = int(max(kv, 0.0) * GIB // shape.kv_bytes_per_token(tp))
     parts = [(resident_label, resident_gib)] if resident_gib else []
-    parts += [(f"vLLM weights (bf16 / TP {tp})", weights), ("vLLM activations", activations)]
-    parts += [("vLLM CUDA graphs", graphs)] if graphs else []
-    parts += [("vLLM KV cache", max(kv, 0.0)), ("CUDA context, NCCL", CONTEXT_GIB)]
+    parts += [(f"weights / TP {tp}", weights), ("vLLM activations", activations)]
+    parts += [("CUDA graphs", graphs)] if graphs else []
+    parts += [("KV cache", max(kv, 0.0)), ("context", CONTEXT_GIB)]
     free_at_start = gpu_gib - resident_gib - CONTEXT_GIB
     fits = budget <= free_at_start and kv_tokens >= max_model_len
     if budget > free_at_start:
-        note = (f"vLLM asks for {budget:.1f} GiB but only {free_at_start:.1f} GiB are free beside "
-                f"{resident_label or 'the context'}")
+        note = f"vLLM asks for {budget:.1f} GiB but only {free_at_start:.1f} GiB are free beside what the actor keeps"
     elif kv_tokens < max_model_len:
         note = f"KV cache holds {kv_tokens} tokens, less than one {max_model_len}-token sequence"
     else:
@@ -175,7 +175,7 @@ def vllm_plan(phase: str, shape: ModelShape, *, tp: int, utilization: float, gpu
 def rollout_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     """verl's rollouts: vLLM beside what the actor keeps on the GPU (hybrid engine: the same GPUs)."""
     resident = ((0 if layout.param_offload else 4) + (0 if layout.optimizer_offload else 8)) * shape.params / layout.gpus
-    label = "actor state kept during rollout"
+    label = "actor kept"
     return vllm_plan("rollout (vLLM in verl)", shape, tp=layout.rollout_tp,
                      utilization=layout.gpu_memory_utilization, gpu_gib=layout.gpu_gib,
                      max_model_len=layout.max_model_len, max_num_batched_tokens=layout.max_num_batched_tokens,
