@@ -299,7 +299,8 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
     for i, s in enumerate(cfg.stages):
         if s.prompts_per_step % s.mini_batches:
             bad(f"stages.{i}.mini_batches", s.mini_batches, f"verl's ppo_mini_batch_size counts prompts: "
-                f"prompts_per_step ({s.prompts_per_step}) / mini_batches must be whole: pick a divisor of prompts_per_step")
+                f"prompts_per_step ({s.prompts_per_step}) / mini_batches must be whole: pick a divisor of "
+                "prompts_per_step")
         if (s.prompts_per_step * s.n_samples) % n_gpus:
             bad(f"stages.{i}.prompts_per_step", s.prompts_per_step, f"verl needs prompts_per_step * n_samples "
                 f"({s.prompts_per_step * s.n_samples}) divisible by the {n_gpus} GPUs")

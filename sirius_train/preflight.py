@@ -213,7 +213,8 @@ def reward_checks(cfg: RunConfig) -> list[Check]:
         fix = ""
         if check.kind == ABSENT:
             port = urlparse(url).port or 80
-            fix = f"SIRIUS_DB_ROOT={db_root} SIRIUS_REWARD_PORT={port} scripts/reward_server_per_node.sh (on every node)"
+            fix = (f"SIRIUS_DB_ROOT={db_root} SIRIUS_REWARD_PORT={port} scripts/reward_server_per_node.sh "
+                   "(on every node)")
         checks.append(Check("reward server", OK if check.ok else FAIL, check.message, fix))
     return checks
 
@@ -247,8 +248,9 @@ def budget_checks(cfg: RunConfig) -> list[Check]:
         if slack >= 2:
             checks.append(Check(f"budget {s.name}", OK, f"{s.budget} prompts = {slack:.1f} x steps x prompts_per_step"))
         else:
-            checks.append(Check(f"budget {s.name}", WARN, f"{s.budget} prompts = {slack:.1f} x steps x prompts_per_step: "
-                                "once dynamic sampling discards groups the curriculum runs out and repeats",
+            checks.append(Check(f"budget {s.name}", WARN,
+                                f"{s.budget} prompts = {slack:.1f} x steps x prompts_per_step: once dynamic "
+                                "sampling discards groups the curriculum runs out and repeats",
                                 f"stages.{i}.budget={2 * need} (>= 2x, or steps x prompts_per_step / the measured "
                                 "keep rate)"))
     return checks

@@ -86,7 +86,8 @@ def test_shipped_cluster_configs_fit_an_80_gb_gpu_at_every_phase():
     for name, shape in (("qwen7b_8gpu.yaml", QWEN25_7B), ("sirius32b.yaml", QWEN25_32B)):
         cfg = load_config(f"configs/{name}")
         for stage in cfg.stages:
-            plans = [*stage_plans(shape, stage_layout(cfg, stage, 80)), estimation_plan(cfg, stage.max_new_tokens, shape, 80)]
+            plans = [*stage_plans(shape, stage_layout(cfg, stage, 80)),
+                     estimation_plan(cfg, stage.max_new_tokens, shape, 80)]
             assert [p.fits for p in plans] == [True, True, True], [(p.phase, p.note) for p in plans]
 
 

@@ -68,8 +68,8 @@ def render(console: Console, cfg, report: Report) -> None:
     for stage, phases in plans:
         for plan in phases:
             parts = ", ".join(f"{name} {gib:.1f}" for name, gib in plan.parts)
-            memory.add_row(stage, plan.phase, escape(parts), f"{plan.total_gib:.1f}",
-                           f"[green]yes[/] ({escape(plan.note)})" if plan.fits else f"[bold red]NO[/] ({escape(plan.note)})")
+            verdict = "[green]yes[/]" if plan.fits else "[bold red]NO[/]"
+            memory.add_row(stage, plan.phase, escape(parts), f"{plan.total_gib:.1f}", f"{verdict} ({escape(plan.note)})")
     console.print(memory)
     console.print(f"pass rates + evaluation engine: {estimation_engine(cfg).describe()}")
 
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         gpu_gib: float = typer.Option(None, "--gpu-gib", help="GPU memory to plan for (default: this node's GPUs, "
                                       "or 80 GiB when none is visible)"),
     ):
-        """Preflight: versions, GPUs, model, databases, reward server, Ray, disk, memory plan -- each failure with its fix."""
+        """Preflight: versions, GPUs, model, databases, reward server, Ray, disk, memory plan; each failure's fix."""
         from sirius_train.commands.train import _load
 
         cfg = _load(config, overrides or [], **({} if config else {"backend": "verl"}))

@@ -97,7 +97,8 @@ def _memory_plans(cfg) -> tuple[list[str], list[str]]:
     engine = f"pass rates + evaluation: {estimation_engine(cfg).describe()}"
     found = model_shape(cfg)
     if found is None:
-        return [], [f"{engine}\nmemory plan: no model shape ({cfg.model.path} has no config.json here)"] * len(cfg.stages)
+        missing = f"{engine}\nmemory plan: no model shape ({cfg.model.path} has no config.json here)"
+        return [], [missing] * len(cfg.stages)
     head = f"{engine}\nmemory per GPU ({DEFAULT_GPU_GIB:.0f} GiB assumed; model shape from {found[0]}):"
     blocks, bad = [], []
     for stage, plans in stage_memory(cfg, found[1], DEFAULT_GPU_GIB):

@@ -81,7 +81,8 @@ QWEN25_7B = ModelShape(vocab=152064, hidden=3584, intermediate=18944, layers=28,
 QWEN25_32B = ModelShape(vocab=152064, hidden=5120, intermediate=27648, layers=64, heads=40, kv_heads=8, qkv_bias=True)
 QWEN25_05B = ModelShape(vocab=151936, hidden=896, intermediate=4864, layers=24, heads=14, kv_heads=2,
                         tied_embeddings=True, qkv_bias=True)
-KNOWN_SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-coder-0.5b": QWEN25_05B, "qwen2.5-coder-7b": QWEN25_7B, "qwen2.5-7b": QWEN25_7B, "qwen2.5-math-7b": QWEN25_7B,
+KNOWN_SHAPES = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-coder-0.5b": QWEN25_05B,
+                "qwen2.5-coder-7b": QWEN25_7B, "qwen2.5-7b": QWEN25_7B, "qwen2.5-math-7b": QWEN25_7B,
                 "qwen2.5-coder-32b": QWEN25_32B, "qwen2.5-32b": QWEN25_32B}
 
 
@@ -174,7 +175,8 @@ def vllm_plan(phase: str, shape: ModelShape, *, tp: int, utilization: float, gpu
 
 def rollout_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     """verl's rollouts: vLLM beside what the actor keeps on the GPU (hybrid engine: the same GPUs)."""
-    resident = ((0 if layout.param_offload else 4) + (0 if layout.optimizer_offload else 8)) * shape.params / layout.gpus
+    kept_bytes_per_param = (0 if layout.param_offload else 4) + (0 if layout.optimizer_offload else 8)
+    resident = kept_bytes_per_param * shape.params / layout.gpus
     label = "actor kept"
     return vllm_plan("rollout (vLLM in verl)", shape, tp=layout.rollout_tp,
                      utilization=layout.gpu_memory_utilization, gpu_gib=layout.gpu_gib,
