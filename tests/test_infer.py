@@ -37,7 +37,7 @@ def generalist(messages, i):
             return "```sql\nSELECT count(*) FROM doctors\n```"
         return "```sql\nSELECT count(*) FROM physicians\n```"
     return [f"```sql\n{PARIS}\n```",
-            "```sql\nSELECT count(*) FROM customers WHERE city = 'paris'\n``` (wrong case: rebound by the operators)",
+            "```sql\nSELECT count(*) FROM customers WHERE city = 'paris'\n``` (wrong case: a count of 0)",
             "```sql\nSELECT count(*) FROM customers\n```",
             "```sql\nSELECT count(*) FROM customers WHERE substr(city) = 'Paris'\n```"][i % 4]
 
@@ -68,24 +68,25 @@ def test_infer_end_to_end(tmp_path, demo_db_root, specialist):
 
     q1, q2 = answers
     assert q1["sql"] == PARIS and q1["source"] == "generalist" and q1["status"] == "ok" and q1["preview"] == [[35]]
-    assert q1["why"].startswith("consensus: 3 of 6 candidates (generalist) return this result")
+    assert q1["why"].startswith("consensus: 2 of 6 candidates (generalist) return this result")
     by_name = {c["name"]: c for c in traces[0]["candidates"]}
     assert set(by_name) == {"specialist#0", "specialist#1", "generalist#0", "generalist#1", "generalist#2",
                             "generalist#3"}
     assert by_name["specialist#0"]["dropped"].startswith("no SQL in the answer")  # random weights: no SQL block
-    rebound = [e for e in by_name["generalist#1"]["events"] if e["step"] == "repair"][0]
-    assert rebound["operator"] == "rebind_literal" and rebound["readmitted"]
+    # rows (a count of 0) with a literal its column never holds: marked in the trace, not re-bound by default
+    assert by_name["generalist#1"]["ungrounded"] == ["city: 'paris'"] and by_name["generalist#1"]["status"] == "ok"
+    assert not [e for e in by_name["generalist#1"]["events"] if e["step"] == "repair"]
     fixed = [e for e in by_name["generalist#3"]["events"] if e["step"] == "repair"][0]
     assert fixed["operator"] == "llm" and fixed["engine_error"] == "wrong number of arguments to function substr()"
     classes = traces[0]["selection"]["classes"]
-    assert [c["row_count"] for c in classes] == [1, 1] and classes[0]["s_rm"] > classes[1]["s_rm"]  # judge agreed
+    assert [c["row_count"] for c in classes] == [1, 1, 1] and classes[0]["s_rm"] > classes[1]["s_rm"]  # judge agreed
 
     # q2: every first candidate was filtered, so the question was re-asked with condensed feedback
     assert q2["sql"] == "SELECT count(*) FROM doctors" and q2["status"] == "ok"
     recovered = [c for c in traces[1]["candidates"] if c["origin"] == "recovery"]
     assert recovered and all("unknown table: physicians" in c["events"][1]["feedback"] for c in recovered)
     judged = [r for r in server.requests if "Which candidate" in r["messages"][-1]["content"]]
-    assert len(judged) == 2 and all(r["model"] == "gen" for r in server.requests)
+    assert len(judged) == 6 and all(r["model"] == "gen" for r in server.requests)
 
 
 def test_infer_errors_are_clear(tmp_path, demo_db_root):

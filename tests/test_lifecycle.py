@@ -242,7 +242,6 @@ def test_grounding_marks_literals_no_value_of_their_column_matches(demo_db_root,
         {"step": "ground", "ungrounded": ["city: 'Atlantis'"]}]
     assert candidates[0].to_json()["ungrounded"] == ["city: 'Atlantis'"] and "ungrounded" not in candidates[1].to_json()
     ballots = task.ballots()
-    assert [b.grounded for b in ballots] == [False, True, True, False, False]
     assert [b.status for b in ballots] == [Status.OK, Status.OK, Status.OK, Status.OK, Status.EMPTY]
     assert lifecycle.stats["ungrounded:ok"] == 2 and lifecycle.stats["ungrounded:empty"] == 1
 

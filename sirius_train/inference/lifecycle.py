@@ -11,16 +11,19 @@
    - empty   -> the structural operators first (no model call: literal re-binding, then predicate
      relaxation), the LLM only if none of them returns rows, told what was tried;
    - rows, but a string literal that never occurs in its column (`citizenship != 'Frence'` filters
-     nothing) -> literal re-binding, no model call.
+     nothing) -> literal re-binding, no model call, only with `rebind_rows` (off by default: it
+     gains on one open pool only, and where the gold spells the literal as the question does it
+     moves the agreeing candidates away from it).
 4. *Re-execute* each repair; one that runs is *re-admitted* in place of the original (the trace keeps
    both). Repairs that fail again leave the candidate dropped.
 5. *Recovery*: if a question has no candidate with rows left, its generators are asked again with
    condensed negative feedback (each failed SQL and how it failed); new candidates go through 1-4
    without further LLM repair.
 6. *Ground*: every candidate still in the pool is checked for string literals that never occur in the
-   column they are compared with (and that re-binding could not fix: 'French' for 'France'). Such a
-   query does not test what its author meant -- `citizenship != 'French'` filters nothing -- so its
-   result is an accident; the selector lets it vote only when no grounded candidate returned rows.
+   column they are compared with (and that re-binding could not fix: 'French' for 'France'). This is
+   a diagnosis for the trace (`Candidate.ungrounded`), not a vote: when most generators write the
+   literal the question spells, the data's own spelling may be the odd one out, and the benchmark on
+   two pools shows that taking them out of the vote is fitted (docs/benchmarks/selector.md).
 
 Every step lands in `Candidate.events`, so `sirius infer --trace` can show why the winner won and why
 the others lost. Work is batched across questions stage by stage, so one `execute_many` call serves
@@ -53,7 +56,7 @@ MAX_FEEDBACK_LINES = 6
 @dataclass(frozen=True)
 class LifecycleConfig:
     value_cap: int = 20_000  # distinct values read per column for literal grounding (more -> unknown)
-    rebind_rows: bool = True  # also re-bind ungrounded literals in queries that returned rows (count(*) = 0, != ...)
+    rebind_rows: bool = False  # also re-bind ungrounded literals in queries that returned rows (count(*) = 0, != ...)
     structural_repair: bool = True  # run the model-free operators on empty results
     recovery_samples: int = 2  # candidates asked for when a question's pool collapses
     llm_concurrency: int = 8  # corrector requests in flight at once
@@ -76,7 +79,7 @@ class Task:
         out = []
         for c in self.candidates:
             if c.dropped is None and c.outcome is not None:
-                out.append(Ballot(c.source, c.sql, c.outcome.status, c.outcome.rows, grounded=not c.ungrounded))
+                out.append(Ballot(c.source, c.sql, c.outcome.status, c.outcome.rows))
             else:
                 status = c.outcome.status if c.outcome is not None and not c.outcome.executed else Status.REJECTED
                 out.append(Ballot(c.source, c.sql or "", status))

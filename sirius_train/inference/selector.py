@@ -6,23 +6,24 @@ optional LLM judge is passed in as a function, so the math never does I/O.
 1. *Admission.* Candidates that returned rows vote. Empty results vote only when there is nothing
    else, or when they are a strict majority of the pool: an empty result is what a wrong literal, a
    wrong join and a wrong filter all produce, so a plurality of "no rows" is mostly a pile of
-   unrelated failures, while a majority of generators agreeing on "no rows" is consensus.
-   *Ungrounded* candidates (`Ballot.grounded` False: the SQL compares a column with a string the
-   column never holds, as `citizenship != 'French'` where the data says 'France') vote only when no
-   grounded candidate returned rows: such a filter does not test what its author meant, so its rows
-   are an accident, however many generators share the slip.
+   unrelated failures, while a majority of generators agreeing on "no rows" is consensus. This is the
+   one admission rule; it gains a question on each open pool and costs no database on either
+   (docs/benchmarks/selector.md). Nothing else takes an executed candidate out of the vote: a rule
+   that overrides an agreeing majority on a plausible story (the former grounding rule did) fails on
+   the next pool.
 2. *Stage 1, result level.* Admitted candidates form result-equivalence classes (the same
    `rewards.compare.results_match` as the reward, so selection and evaluation agree on "same answer").
    - S_maj, tuple-level consensus: a class's own votes plus partial credit from every other admitted
-     candidate whose rows overlap (row Dice, column order ignored), weighted by `partial_weight`,
-     all divided by the pool size N.
+     candidate whose rows overlap (row Dice, column order ignored), weighted by `partial_weight`
+     (0.5: a result that overlaps another counts at most half an identical one), all divided by the
+     pool size N.
    - S_rm, pairwise preference (optional): a judge compares representatives of the top classes, every
      pair in both orders to cancel position bias; S_rm is the fraction of comparisons a class won.
    - S_coarse = S_maj + judge_weight * S_rm.
 3. *Stage 2, gate.* When the best two classes are within `margin` of each other, the LLM-free
    structural reranker decides among all classes within `margin` of the best: the class whose
-   structural signature was produced by the most distinct provenance groups (sources) anywhere in the
-   pool wins; ties fall back to S_coarse, then to input order. By default (`rerank="auto"`) the gate
+   structural signature was produced by the most distinct provenance groups (sources) among the
+   candidates that executed wins; ties fall back to S_coarse, then to input order. By default (`rerank="auto"`) the gate
    opens only when provenance groups are shared (some source gave several candidates, as specialist
    and generalist samples do); see `_reranks`.
 4. The winner is the winning class's earliest member (input order is the caller's ranking of sources).
@@ -50,7 +51,6 @@ class Ballot:
     sql: str
     status: Status
     rows: tuple = ()
-    grounded: bool = True  # False: compares a column with a string literal the column never holds
 
     @property
     def executed(self) -> bool:
@@ -65,7 +65,7 @@ class SelectorConfig:
     """Constants of the hybrid selector; the defaults are argued for in docs/INFERENCE.md."""
 
     compare: str = "bird"  # result equivalence used to form classes ("bird" | "spider")
-    partial_weight: float = 0.0  # weight of partial (overlapping-rows) agreement in S_maj; 0 per the LODO CV
+    partial_weight: float = 0.5  # weight of partial (overlapping-rows) agreement in S_maj (SPEC: it counts)
     margin: float = 0.1  # gate: classes within this much of the best are near-tied
     rerank: str = "auto"  # structural reranker: auto (only when some source gave >= 2 candidates) | always | never
     judge_weight: float = 0.25  # S_coarse = S_maj + judge_weight * S_rm
@@ -175,19 +175,15 @@ def majority_vote(ballots: Sequence[Ballot], compare: str = "bird") -> Selection
 
 
 def admitted(ballots: Sequence[Ballot]) -> list[int]:
-    """Indices that vote: grounded non-empty results (all non-empty ones when none is grounded), plus
-    empty ones when they are all there is or a strict majority.
+    """Indices that vote: every result with rows, plus the empty ones when they are all there is or a
+    strict majority.
 
     Example:
         >>> ok, empty = Ballot("a", "q", Status.OK, ((1,),)), Ballot("b", "q", Status.EMPTY)
         >>> admitted([ok, empty, empty]), admitted([ok, ok, empty, empty]), admitted([empty, Ballot("c", "q", Status.ERROR)])
         ([0, 1, 2], [0, 1], [0])
-        >>> slip = Ballot("c", "q", Status.OK, ((2,),), grounded=False)
-        >>> admitted([slip, slip, ok]), admitted([slip, empty])
-        ([2], [0])
     """
     rows = [i for i, b in enumerate(ballots) if b.status == Status.OK]
-    rows = [i for i in rows if ballots[i].grounded] or rows
     empty = [i for i, b in enumerate(ballots) if b.status == Status.EMPTY]
     if not rows or len(empty) * 2 > len(ballots):
         return sorted(rows + empty)
@@ -248,9 +244,19 @@ def preference_scores(ballots: Sequence[Ballot], classes: Sequence[ResultClass],
 
 
 def structural_support(ballots: Sequence[Ballot]) -> dict[Signature, set[str]]:
-    """For each structural signature in the pool, the distinct provenance groups that produced it."""
+    """For each structural signature, the distinct provenance groups whose candidates with it executed
+    (a shape that only ever failed to run is no evidence for a result).
+
+    Example:
+        >>> b = [Ballot("a", "SELECT x FROM t", Status.OK, ((1,),)), Ballot("b", "SELECT x FROM t", Status.ERROR),
+        ...      Ballot("c", "SELECT x FROM t", Status.EMPTY)]
+        >>> sorted(structural_support(b)[signature("SELECT x FROM t")])
+        ['a', 'c']
+    """
     support: dict[Signature, set[str]] = defaultdict(set)
     for ballot in ballots:
+        if not ballot.executed:
+            continue
         sig = signature(ballot.sql)
         if sig is not None:
             support[sig].add(ballot.source)
@@ -305,14 +311,11 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
         ...      Ballot("spec", "SELECT 2", Status.OK, ((2,),))]
         >>> explain(select(b), b)
         'consensus: 2 of 3 candidates (gen, spec) return this result; S_coarse 0.67 leads the next class by 0.33 (gate 0.1)'
-        >>> b.append(Ballot("gen", "SELECT 3 WHERE x != 'Frnce'", Status.OK, ((3,),), grounded=False))
-        >>> explain(select(b), b).split("; ")[-1]
-        '1 candidate(s) comparing a column with a value it never holds did not vote'
     """
     if selection.index is None or not selection.classes:
         return "no candidate executed; returning the first one with SQL, unverified" if selection.index is not None \
             else "empty pool"
-    return _decision(selection, ballots, config) + _set_aside(selection, ballots)
+    return _decision(selection, ballots, config)
 
 
 def _decision(selection: Selection, ballots: Sequence[Ballot], config: SelectorConfig) -> str:
@@ -329,13 +332,6 @@ def _decision(selection: Selection, ballots: Sequence[Ballot], config: SelectorC
     if selection.margin is None:
         return f"{selection.decided_by}: {head}; no other result"
     return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f} (gate {config.margin:g})"
-
-
-def _set_aside(selection: Selection, ballots: Sequence[Ballot]) -> str:
-    """The admission rule's ungrounded non-voters, named so a surprising minority win explains itself."""
-    voters = {i for cls in selection.classes for i in cls.members}
-    n = sum(1 for i, b in enumerate(ballots) if b.status == Status.OK and i not in voters)
-    return f"; {n} candidate(s) comparing a column with a value it never holds did not vote" if n else ""
 
 
 def _unverified(ballots: Sequence[Ballot]) -> Selection:
