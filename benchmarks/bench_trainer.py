@@ -29,7 +29,7 @@ callbacks that close a step (`on_step_end` at every `mini_batches`-th optimizer 
 loop overhead counts. "Rollout" is ours' `gen_time_s` (generate + score, every round) and, for TRL, its
 `_generate_and_score_completions` (generate + old log-probs + score + advantages). Answer lengths are each
 side's own count: TRL stops at EOS and counts it; ours also stops as soon as the ```sql block is closed
-(`rollout.SQLBlockClosed`), typically one token before the EOS the SFT policy writes next.
+(`data_synthesis.generation.SQLBlockClosed`), typically one token before the EOS the SFT policy writes next.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 candidate generation and evaluation use, whatever serves the model.
 
 - `HFSampler`: a Hugging Face causal LM in this process (a local path, or a live model object --
-  the trainer passes its current policy to re-estimate difficulty), through the trainer's rollout
-  `generate` (batched, one prefill per prompt) on CPU or GPU.
+  the trainer passes its current policy to re-estimate difficulty), through `generation.generate`
+  (batched, one prefill per prompt), the loop the local trainer's rollouts use, on CPU or GPU.
 - `OpenAISampler`: any OpenAI-compatible server (vLLM's on a cluster), through `ChatClient`.
 """
 
@@ -52,10 +52,10 @@ class HFSampler:
             tokenizer.pad_token = tokenizer.eos_token
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
-        """The trainer's own rollout path: a prompt's answers share one prefill, and stop at the end of SQL."""
+        """The trainer's rollout loop: a prompt's answers share one prefill, and stop at the end of SQL."""
         import torch
 
-        from sirius_train.local.rollout import generate
+        from data_synthesis.generation import generate
 
         if seed is not None:
             torch.manual_seed(seed)

@@ -93,7 +93,7 @@ def test_shared_prefill_generates_what_a_prefill_per_copy_does(tiny_run):
     from transformers import StoppingCriteriaList
 
     from sirius_train.local.backend import LocalBackend, read_curriculum
-    from sirius_train.local.rollout import SQLBlockClosed, encode_prompts, generate
+    from data_synthesis.generation import SQLBlockClosed, encode_prompts, generate
 
     cfg, _, run_dir = tiny_run
     backend = LocalBackend(cfg)
@@ -122,7 +122,7 @@ def test_shared_prompt_forward_equals_the_full_forward(tiny_run):
     """Answers that share a prompt share its forward: same log-probs, entropies and gradients as one forward
     over every (prompt + answer) row, for a shuffled mix of groups with different prompt and answer lengths."""
     from sirius_train.local.backend import LocalBackend, read_curriculum
-    from sirius_train.local.rollout import generate, left_pad_positions
+    from data_synthesis.generation import generate, left_pad_positions
     from sirius_train.local.trainer import response_logits, trim
 
     cfg, _, run_dir = tiny_run
@@ -163,7 +163,7 @@ def test_sampler_logprobs_are_pi_old(tiny_run, tmp_path):
     from dataclasses import replace
 
     from sirius_train.local.backend import LocalBackend, read_curriculum
-    from sirius_train.local.rollout import generate
+    from data_synthesis.generation import generate
     from sirius_train.local.trainer import DAPOTrainer, response_logprobs
     from sirius_train.metrics import MetricsLog
 

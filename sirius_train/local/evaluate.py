@@ -11,7 +11,7 @@ from collections import Counter
 from rewards.executor import Executor
 from rewards.extract import extract_sql
 from rewards.scoring import ScoreItem
-from sirius_train.local.rollout import generate
+from data_synthesis.generation import generate
 
 
 def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str = "bird",

@@ -38,7 +38,7 @@ from sirius_train.algorithms import (
 )
 from sirius_train.config import StageConfig
 from sirius_train.local.checkpoint import capture_rng, latest_checkpoint, load_state, restore_rng, save_checkpoint
-from sirius_train.local.rollout import Rollout, generate, left_pad_positions, prompt_cache
+from data_synthesis.generation import Rollout, generate, left_pad_positions, prompt_cache
 from sirius_train.metrics import MetricsLog
 
 

@@ -1,4 +1,5 @@
-"""Rollouts for the local backend: batched, KV-cached sampling with HF `generate`, as token tensors.
+"""Batched, KV-cached sampling with HF `generate`, as token tensors: the HF sampler's loop and the
+local trainer's rollouts (it lives on the sampler's floor so that both use it without an upward import).
 
 The trainer needs more than texts: the exact token ids it sampled (to score their log-probs), a mask
 of which response tokens count, and whether a response was cut at the length limit (for DAPO's
