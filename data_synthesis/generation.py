@@ -96,16 +96,25 @@ class SQLBlockClosed(StoppingCriteria):
         self.prompt_len = prompt_len
         self.backtick_ids = torch.tensor(sorted({i for t, i in tokenizer.get_vocab().items()
                                                  if "`" in tokenizer.convert_tokens_to_string([t])}))
+        self.stopped_at: torch.Tensor | None = None  # (B,) response length when the block closed, -1: never
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
         done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if self.stopped_at is None:
+            self.stopped_at = torch.full((input_ids.shape[0],), -1, dtype=torch.long)
         last = input_ids[:, -1]
         candidates = torch.isin(last, self.backtick_ids.to(last.device)).nonzero().flatten().tolist()
         for i in candidates:
             text = self.tokenizer.decode(input_ids[i, self.prompt_len:], skip_special_tokens=True).lower()
             start = text.find("```sql")
             done[i] = start >= 0 and text.find("```", start + 6) >= 0
+            if done[i] and self.stopped_at[i] < 0:
+                self.stopped_at[i] = input_ids.shape[1] - self.prompt_len
         return done
+
+    def lengths(self, batch: int) -> torch.Tensor:
+        """(B,) response length at which each row's block closed, -1 where it never did."""
+        return self.stopped_at if self.stopped_at is not None else torch.full((batch,), -1, dtype=torch.long)
 
 
 def encode_prompts(tokenizer, prompts: list[list[dict]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,19 +155,21 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
                     if prompt_ids.shape[1] > 1 else None
                 prompt_ids, prompt_mask = prompt_ids[rows], prompt_mask[rows]
                 recorder = SampledTokenLogprobs(temperature, prompt_ids.shape[1]) if record else None
+                sql_closed = SQLBlockClosed(tokenizer, prompt_ids.shape[1])
                 out = model.generate(
                     input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=temperature > 0,
                     temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
                     top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
-                    stopping_criteria=StoppingCriteriaList([SQLBlockClosed(tokenizer, prompt_ids.shape[1])]),
+                    stopping_criteria=StoppingCriteriaList([sql_closed]),
                     logits_processor=LogitsProcessorList([recorder] if record else []),
                     past_key_values=None if shared is None else shared[0],
                 )
                 recorded = None if recorder is None else recorder.result(out)
-                parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], recorded))
+                parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], sql_closed.lengths(len(out)),
+                              recorded))
     finally:
         model.train(was_training)
-    return _assemble(parts, tokenizer, max_new_tokens)
+    return _assemble(parts, tokenizer)
 
 
 @contextmanager
@@ -206,28 +217,26 @@ def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     return cache, logits[rows]
 
 
-def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
+def _assemble(parts, tokenizer) -> Rollout:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     P = max(p[0].shape[1] for p in parts)
     R = max(max(p[2].shape[1] for p in parts), 1)
     prompt_ids, prompt_mask, response_ids, response_mask, lengths, truncated, texts = [], [], [], [], [], [], []
     recorded: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for p_ids, p_mask, resp, sampled in parts:
-        n = resp.shape[0]
+    for p_ids, p_mask, resp, sql_closed_at, sampled in parts:
+        # A response ends where generation stopped it: at its first EOS (kept: the model must learn to stop)
+        # or where its SQL block closed. What `generate` appends after that is filler; a pad token the policy
+        # sampled before it is part of the answer (pad may be a real token: Qwen-Instruct's <|endoftext|>).
+        length, ended_with_eos = stop_lengths(resp.cpu(), sql_closed_at, eos)  # (n,), (n,)
         prompt_ids.append(torch.nn.functional.pad(p_ids, (P - p_ids.shape[1], 0), value=pad))
         prompt_mask.append(torch.nn.functional.pad(p_mask, (P - p_mask.shape[1], 0), value=0))
         resp = torch.nn.functional.pad(resp, (0, R - resp.shape[1]), value=pad)
-        # A response ends at its first EOS (kept: the model must learn to stop) or its first pad.
-        is_end = (resp == eos) | (resp == pad)
-        has_end = is_end.any(dim=1)
-        first_end = torch.where(has_end, is_end.float().argmax(dim=1), torch.full((n,), R))
-        ended_with_eos = has_end & (resp.gather(1, first_end.clamp(max=R - 1)[:, None])[:, 0] == eos)
-        length = torch.where(ended_with_eos, first_end + 1, first_end)  # (n,)
+        length = length.to(resp.device)
         mask = (torch.arange(R)[None, :].to(resp.device) < length[:, None]).long()
         response_ids.append(torch.where(mask.bool(), resp, torch.full_like(resp, pad)))
         response_mask.append(mask)
         lengths.append(length)
-        truncated.append((length >= max_new_tokens) & ~ended_with_eos)
+        truncated.append(((sql_closed_at < 0) & ~ended_with_eos).to(resp.device))
         texts += tokenizer.batch_decode(resp * mask + pad * (1 - mask), skip_special_tokens=True)
         if sampled is not None:
             recorded.append(tuple(torch.where(mask.bool(), torch.nn.functional.pad(x, (0, R - x.shape[1])), 0.0)
@@ -235,3 +244,14 @@ def _assemble(parts, tokenizer, max_new_tokens: int) -> Rollout:
     old = [torch.cat(xs) for xs in zip(*recorded)] if recorded else [None, None]
     return Rollout(torch.cat(prompt_ids), torch.cat(prompt_mask), torch.cat(response_ids), torch.cat(response_mask),
                    texts, torch.cat(lengths), torch.cat(truncated), *old)
+
+
+def stop_lengths(resp: torch.Tensor, sql_closed_at: torch.Tensor, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(length, ended with EOS) of each row of `resp` (B, generated), as `generate` stopped it: at the first
+    EOS (counted) or where its SQL block closed, whichever came first; a row stopped by neither ran to the
+    length limit, every generated column."""
+    generated = resp.shape[1]
+    is_eos = resp == eos
+    eos_len = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, generated + 1)
+    sql_len = torch.where(sql_closed_at >= 0, sql_closed_at, generated + 1)
+    return torch.minimum(eos_len, sql_len).clamp(max=generated), is_eos.any(dim=1) & (eos_len <= sql_len)
