@@ -96,9 +96,10 @@ class StageConfig:
     steps: int = 20
     budget: int = 256  # curriculum size (examples, repeats included)
     lr: float = 1e-4
-    warmup_steps: int = 2
+    warmup_steps: int = 2  # training steps of linear warmup: step t trains at lr * min(1, t / warmup_steps)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    max_nonfinite_steps: int = 3  # optimizer steps in a row with a non-finite gradient norm (skipped) before stopping
     # rollouts
     prompts_per_step: int = 8  # groups per update after dynamic sampling
     n_samples: int = 8  # G, answers per prompt
@@ -112,7 +113,9 @@ class StageConfig:
     mini_batches: int = 2  # optimizer steps per rollout batch (clip-higher needs more than one)
     ppo_epochs: int = 1
     micro_batch_size: int = 32
-    old_logprobs: str = "sampler"  # pi_old: kept from sampling (no extra pass) | recompute (one no-grad pass)
+    # pi_old: sampler (kept from sampling, no extra pass) | recompute (one no-grad pass) | auto (recompute when the
+    # model runs in bf16/fp16, where decode and full forward differ in the last bits; sampler in fp32)
+    old_logprobs: str = "auto"
     clip_low: float = 0.2
     clip_high: float = 0.28
     clip_c: float = 10.0
@@ -251,8 +254,12 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.entropy.mode", s.entropy.mode, f"use one of {list(ENTROPY_MODES)}")
         if s.steps < 1 or s.budget < 1:
             bad(f"{key}.steps", s.steps, "steps and budget must be >= 1")
-        if s.old_logprobs not in ("sampler", "recompute"):
-            bad(f"{key}.old_logprobs", s.old_logprobs, "use 'sampler' (kept from generation) or 'recompute'")
+        if s.old_logprobs not in ("auto", "sampler", "recompute"):
+            bad(f"{key}.old_logprobs", s.old_logprobs, "use 'auto', 'sampler' (kept from generation) or 'recompute'")
+        if s.max_nonfinite_steps < 1:
+            bad(f"{key}.max_nonfinite_steps", s.max_nonfinite_steps, "need >= 1 (the run stops after that many in a row)")
+        if s.warmup_steps < 0:
+            bad(f"{key}.warmup_steps", s.warmup_steps, "need >= 0 (0: no warmup)")
         if s.curriculum not in ("smoothed", "uniform"):
             bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from conftest import import_verl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,7 +106,7 @@ def test_group_advantages_properties(n_groups, G, seed, dtype, binary):
 
 
 def test_group_advantages_match_verl_grpo_estimator():
-    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    core_algos = import_verl("verl.trainer.ppo.core_algos")
     import numpy as np
 
     n_groups, G, T = 5, 4, 6
@@ -306,7 +307,7 @@ def test_policy_loss_micro_batches_sum_to_the_full_batch_loss():
 
 @pytest.fixture(scope="module")
 def verl_vanilla():
-    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    core_algos = import_verl("verl.trainer.ppo.core_algos")
     from verl.workers.config.actor import FSDPActorConfig
 
     # The real actor config verl builds from YAML; micro-batch size and rollout_n are required fields that

@@ -1,4 +1,7 @@
-"""EntropyGate: the coefficient schedule, the indicator, checkpoint state, and that it prevents entropy collapse."""
+"""EntropyGate: the coefficient schedule, the indicator, checkpoint state, and that it prevents entropy collapse.
+
+That a trainer step applies `-active_coefficient(H_k) * H` with the right sign and size is checked on the
+local trainer itself (`test_trainer_update.py`) and inside verl (`test_verl_entropy_gate.py`)."""
 
 import pytest
 import torch
@@ -51,34 +54,23 @@ def test_update_reports_the_coefficient_the_step_trained_with():
     assert m["actor/entropy_coef"] == DELTA and m["actor/entropy_coef_next"] == pytest.approx(2 * DELTA)
 
 
-def test_bonus_is_gated_by_the_entropy_it_multiplies():
+def test_the_coefficient_is_gated_by_the_entropy_it_reads():
     gate = EntropyGate(EntropyGateConfig(coef=0.003))
-    low = torch.tensor(0.1, requires_grad=True)
-    bonus = gate.bonus(low)
-    bonus.backward()
-    assert bonus.item() == pytest.approx(0.003 * 0.1) and low.grad.item() == pytest.approx(0.003)
     assert gate.active_coefficient(0.1) == 0.003
-
-    high = torch.tensor(0.3, requires_grad=True)
-    bonus = gate.bonus(high)
-    bonus.backward()
-    assert bonus.item() == 0.0 and high.grad.item() == 0.0
     assert gate.active_coefficient(0.3) == 0.0
-    assert gate.bonus(torch.tensor(TARGET)).item() == 0.0  # strict: 1[H < H_target]
+    assert gate.active_coefficient(TARGET) == 0.0  # strict: 1[H < H_target]
 
 
 def test_first_step_below_target_still_trains_with_the_previous_coefficient():
     gate = EntropyGate()
-    h = torch.tensor(0.1)
-    assert gate.bonus(h).item() == 0.0  # c_0 = 0: nothing yet
-    gate.update(h)
-    assert gate.bonus(h).item() == pytest.approx(DELTA * 0.1)  # switched on at the next step, at c = Δ
+    assert gate.active_coefficient(0.1) == 0.0  # c_0 = 0: nothing yet
+    gate.update(0.1)
+    assert gate.active_coefficient(0.1) == pytest.approx(DELTA)  # switched on at the next step, at c = Δ
 
 
 def test_fixed_mode_is_constant_and_always_on():
     gate = EntropyGate(EntropyGateConfig(mode="fixed", coef=0.01))
     for h in [0.05, 0.5, 2.0]:
-        assert gate.bonus(torch.tensor(h)).item() == pytest.approx(0.01 * h)
         assert gate.active_coefficient(h) == 0.01
         assert gate.update(h)["actor/entropy_gate_open"] == 1.0
     assert gate.coefficient() == 0.01
@@ -86,12 +78,10 @@ def test_fixed_mode_is_constant_and_always_on():
 
 def test_off_mode_contributes_nothing():
     gate = EntropyGate(EntropyGateConfig(mode="off", coef=0.01))
-    h = torch.tensor(0.01, requires_grad=True)
-    gate.bonus(h).backward()
-    assert gate.bonus(h).item() == 0.0 and h.grad.item() == 0.0
     for _ in range(3):
+        assert gate.active_coefficient(0.01) == 0.0
         gate.update(0.01)
-    assert gate.coefficient() == 0.0 and gate.active_coefficient(0.01) == 0.0
+    assert gate.coefficient() == 0.0
 
 
 def test_unknown_mode_raises_listing_valid_ones():
@@ -147,7 +137,7 @@ def _train_categorical(gate: EntropyGate, steps: int = 300, K: int = 8, reward_r
         p = log_prob.detach().exp()
         advantages = K * p * (reward - (p * reward).sum())  # (1, K)
         pg_loss, _ = policy_loss(log_prob, log_prob.detach(), advantages, torch.ones(1, K))
-        loss = pg_loss - gate.bonus(H)
+        loss = pg_loss - gate.active_coefficient(H.item()) * H  # as the trainers apply it
         opt.zero_grad()
         loss.backward()
         opt.step()

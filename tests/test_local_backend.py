@@ -56,10 +56,32 @@ def test_schedule_runs_and_logs_the_contract(tiny_run):
     assert (run_dir / "stage1" / "curriculum.report.json").is_file()
     assert (run_dir / "training.png").stat().st_size > 10_000
     assert json.loads((run_dir / "summary.json").read_text())["final_model"].endswith("stage2/model")
-    # the SFT warm start learned its data: stage 1's curriculum has questions the policy sometimes solves
-    assert 0 <= summary["phases"][0]["eval_exec_acc"] <= 1
+    # stage 1's curriculum has questions the warm-started policy sometimes solves
     report = json.loads((run_dir / "stage1" / "curriculum.report.json").read_text())
     assert report["selected"] > 0, report
+
+
+def test_the_warm_start_learned_its_data(tiny_run):
+    """Train-set execution accuracy (greedy, the reward's scorer) rises by a margin from the base model to SFT's."""
+    from data_synthesis.difficulty import prompt_for
+    from data_synthesis.records import read_examples
+    from sirius_train.local.backend import LocalBackend
+    from sirius_train.local.evaluate import evaluate_policy
+    from sirius_train.local.trainer import TrainItem
+    from sirius_train.schedule import prompt_format
+
+    cfg, _, run_dir = tiny_run
+    backend = LocalBackend(cfg)
+    examples = read_examples(run_dir / "data" / "sft.jsonl")
+    items = [TrainItem(prompt_for(e, cfg.data.db_root, prompt_format(cfg)), e.db_id, e.gold_sql) for e in examples]
+    accuracy = {}
+    for phase in ("base", "sft"):
+        model, tokenizer = backend.load(run_dir / phase / "model")
+        accuracy[phase] = evaluate_policy(model, tokenizer, items, backend.executor, compare=cfg.data.compare,
+                                          max_new_tokens=cfg.stages[0].max_new_tokens)["eval_exec_acc"]
+    backend.close()
+    assert len(items) >= 20 and accuracy["base"] <= 0.05, accuracy
+    assert accuracy["sft"] >= accuracy["base"] + 0.3, accuracy
 
 
 def test_dapo_updates_every_trainable_parameter(tiny_run, tmp_path):
@@ -86,6 +108,37 @@ def test_dapo_updates_every_trainable_parameter(tiny_run, tmp_path):
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert len(changed) == len(before)
     backend.close()
+
+
+def test_warmup_counts_training_steps(tiny_run, tmp_path):
+    """Step t trains at lr * min(1, t / warmup_steps) in every one of its optimizer steps (verl's side of the same
+    schedule: `test_lr_schedule.py`), and its metrics row says so."""
+    from dataclasses import replace
+
+    from sirius_train.local.backend import LocalBackend, read_curriculum
+    from sirius_train.local.trainer import DAPOTrainer
+    from sirius_train.metrics import MetricsLog
+
+    cfg, _, run_dir = tiny_run
+    backend = LocalBackend(cfg)
+    model, tokenizer = backend.load(run_dir / "sft" / "model")
+    stage = replace(cfg.stages[0], warmup_steps=3, mini_batches=2)
+    trainer = DAPOTrainer(model, tokenizer, read_curriculum(run_dir / "stage1" / "curriculum.parquet"), stage,
+                          backend.executor, ckpt_dir=tmp_path / "ck", metrics=MetricsLog(tmp_path / "m.jsonl"), seed=3)
+    stepped_at = []  # the learning rate of every optimizer step, as AdamW sees it
+    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: stepped_at.append(opt.param_groups[0]["lr"]))
+    trained = 0
+    for t in range(1, 5):
+        trainer.step = t
+        stepped_at.clear()
+        row = trainer.train_step()
+        expected = stage.lr * min(1.0, t / 3)
+        assert row["lr"] == pytest.approx(expected, rel=1e-12), (t, row["lr"])
+        assert stepped_at == pytest.approx([expected] * len(stepped_at), rel=1e-12), (t, stepped_at)
+        assert len(stepped_at) == (stage.mini_batches if row["train_groups"] else 0)
+        trained += bool(stepped_at)
+    backend.close()
+    assert trained >= 2, "too few steps trained to see the schedule"
 
 
 def test_shared_prefill_generates_what_a_prefill_per_copy_does(tiny_run):

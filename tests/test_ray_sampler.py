@@ -4,6 +4,7 @@ exactly those of one process, and land in the same on-disk cache."""
 from functools import partial
 
 import pytest
+from conftest import import_verl
 
 from data_synthesis.difficulty import estimate
 from data_synthesis.extras import MissingExtra
@@ -12,7 +13,7 @@ from data_synthesis.samplers import HFSampler
 from data_synthesis.sqlgen.rules import RULES
 from data_synthesis.sqlgen.synthesize import synthesize
 
-ray = pytest.importorskip("ray")
+ray = import_verl("ray")
 
 K = 4
 FORMAT = PromptFormat(schema_style="compact", schema_samples=0, system="")

@@ -4,6 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import import_verl
 
 from data_synthesis.curriculum import build_curriculum
 from data_synthesis.difficulty import prompt_for
@@ -51,7 +52,7 @@ def test_parquet_rows_follow_verls_layout(examples, demo_db_root, tmp_path):
 
 @pytest.mark.verl
 def test_parquet_loads_in_verls_rlhf_dataset(examples, demo_db_root, tmp_path, monkeypatch):
-    rl_dataset = pytest.importorskip("verl.utils.dataset.rl_dataset")
+    rl_dataset = import_verl("verl.utils.dataset.rl_dataset")
     import datasets
     from omegaconf import OmegaConf
 

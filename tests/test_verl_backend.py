@@ -8,12 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import import_verl
 
 from sirius_train.config import ConfigError, load_config
 from sirius_train.verl_backend import VerlBackend
 from sirius_train.verl_backend.backend import _check_rows, _rotate
 
-pytest.importorskip("verl")
+import_verl("verl")
 NANO = Path(__file__).resolve().parents[1] / "configs" / "nano.yaml"
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import import_verl
 
-pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
+import_verl("verl")
+import_verl("transfer_queue")
 
 from data_synthesis.export import write_verl_parquet  # noqa: E402
 from data_synthesis.prompts import PromptFormat  # noqa: E402

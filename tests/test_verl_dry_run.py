@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import import_verl
 from typer.testing import CliRunner
 
-pytest.importorskip("verl")
-pytest.importorskip("hydra")
+import_verl("verl")
+import_verl("hydra")
 
 from sirius_train.cli import app  # noqa: E402
 from sirius_train.config import ConfigError, load_config  # noqa: E402

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import import_verl
 
-pytest.importorskip("verl")
-pytest.importorskip("transfer_queue")
+import_verl("verl")
+import_verl("transfer_queue")
 
 from tensordict import TensorDict  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402

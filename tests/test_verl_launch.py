@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import import_verl
 import torch
 
 from sirius_train.verl_backend.launch import (
@@ -89,14 +90,14 @@ def test_the_environment_keeps_the_callers_ray_address_and_pythonpath(monkeypatc
 
 
 def test_missing_checkpoint_says_why(tmp_path):
-    pytest.importorskip("verl")
+    import_verl("verl")
     with pytest.raises(FileNotFoundError, match="ended before its first save"):
         latest_actor_checkpoint(tmp_path)
 
 
 @pytest.mark.verl
 def test_fsdp_checkpoint_merges_to_the_same_weights(tmp_path):
-    pytest.importorskip("verl")
+    import_verl("verl")
     from transformers import AutoModelForCausalLM
 
     from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer

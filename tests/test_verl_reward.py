@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import import_verl
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import running_server
 
@@ -100,7 +101,7 @@ def test_clear_errors(server, demo_db_root):
 
 
 def test_verl_loads_it_from_its_config_and_calls_it(server):
-    reward = pytest.importorskip("verl.trainer.ppo.reward")
+    reward = import_verl("verl.trainer.ppo.reward")
     from omegaconf import OmegaConf
 
     path = str(Path(verl_reward.__file__).resolve())

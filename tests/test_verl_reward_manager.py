@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import import_verl
 from server_harness import running_server
 
-pytest.importorskip("verl")
+import_verl("verl")
 
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo.reward import load_reward_manager  # noqa: E402

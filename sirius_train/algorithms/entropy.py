@@ -6,12 +6,12 @@ H is the token-mean entropy of the answers being trained on (a differentiable te
 The bonus is off while entropy is healthy, so it prevents collapse without pushing entropy up for its own sake.
 
 Timing, precisely. During step k every loss term uses c_k, the coefficient left by the previous step's
-`update` (c_0 = `coef`), and the indicator reads the detached value of the very H it multiplies (per
-mini-batch when a step has several). `update(H_k)` runs once, after the step's gradient updates, with that
-step's token-mean entropy (mini-batches weighted by token count) and yields c_{k+1}. Hence the first step
-below target still trains with c_k (0 at the start), and the bonus switches on from the next step, at c = Δ.
-A backend that can only set a constant coefficient per step (verl's `actor.entropy_coeff`) uses
-`active_coefficient(H_k)` with H_k measured before the step (the old-policy forward pass), same c_k.
+`update` (c_0 = `coef`), and the indicator reads H_k, the token-mean entropy of the step's answers under
+the policy before the step (pi_old: from sampling or the no-grad pass). Both backends call
+`active_coefficient(H_k)` once per step and subtract that constant times the differentiable H from the
+loss (verl through `actor.entropy_coeff`). `update(H_k)` runs once, after the step's gradient updates,
+and yields c_{k+1}. Hence the first step below target still trains with c_k (0 at the start), and the
+bonus switches on from the next step, at c = Δ.
 """
 
 from __future__ import annotations
@@ -62,16 +62,6 @@ class EntropyGate:
         if self.config.mode == "adaptive" and not entropy < self.config.target:
             return 0.0
         return self._coef
-
-    def bonus(self, entropy: torch.Tensor) -> torch.Tensor:
-        """Term to subtract from the loss: c_k · 1[H < H_target] · H, with H a 0-dim token-mean entropy tensor.
-
-        The indicator uses H's detached value, so gradients flow only through the H factor.
-        """
-        if self.config.mode != "adaptive":
-            return self._coef * entropy
-        gate = (entropy.detach() < self.config.target).to(entropy.dtype)
-        return self._coef * gate * entropy
 
     def update(self, entropy: float) -> dict[str, float]:
         """End of step k: c_{k+1} = clip(c_k + Δ·sign(H_target − H_k), 0, c_max) (adaptive mode only).

@@ -153,10 +153,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         preflight(cfg)
         from sirius_train.config import ConfigError
+        from sirius_train.local.trainer import TrainingHalted
 
         try:
             summary = run_schedule(cfg)
-        except ConfigError as e:  # e.g. the verl backend refusing a key before it launches anything
+        except (ConfigError, TrainingHalted) as e:  # e.g. verl refusing a key; a run that diverged
             raise _fail(e) from None
         print_summary(summary)
 

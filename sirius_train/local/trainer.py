@@ -8,8 +8,10 @@ One step, in the order DAPO prescribes (Yu et al. 2025) and SPEC section 3 write
                   batch is full or the round budget is spent (then train on what there is, and log it);
   4. advantage -- group-normalised, the same for every token of an answer;
   5. update    -- old log-probs (kept from sampling, or one no-grad pass), then mini-batch steps of the
-                  clipped token-mean loss minus the gated entropy bonus; gradient clipping; AdamW with warmup;
-  6. gate      -- the entropy coefficient moves once, from this step's entropy.
+                  clipped token-mean loss minus the gated entropy bonus; gradient clipping (a non-finite
+                  gradient norm skips that optimizer step); AdamW;
+  6. gate      -- the entropy coefficient moves once, from this step's entropy; the learning rate's
+                  warmup advances once (warmup counts training steps, as in verl).
 The math is in `sirius_train.algorithms`; this file only orchestrates it.
 """
 
@@ -158,18 +160,19 @@ class DAPOTrainer:
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=stage.lr,
                                            betas=(0.9, 0.999), weight_decay=stage.weight_decay)
-        warmup = max(stage.warmup_steps, 0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / warmup) if warmup else 1.0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           lambda k: warmup_factor(k + 1, stage.warmup_steps))
         self.gate = EntropyGate(EntropyGateConfig(**vars(stage.entropy)))
         self.sampler = EpochSampler(len(items), seed)
+        self.old_logprobs = old_logprobs_source(stage.old_logprobs, next(model.parameters()).dtype)
         self.step = 0
+        self.nonfinite_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {"step": self.step, "stage": self.cfg.name, "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "gate": self.gate.state_dict(),
-                "data": self.sampler.state_dict(), "rng": capture_rng()}
+                "data": self.sampler.state_dict(), "rng": capture_rng(), "nonfinite_in_a_row": self.nonfinite_in_a_row}
 
     def save(self) -> None:
         save_checkpoint(self.ckpt_dir, self.step, self.model, self.tokenizer, self.state_dict())
@@ -190,6 +193,7 @@ class DAPOTrainer:
         self.sampler.load_state_dict(state["data"])
         restore_rng(state["rng"])
         self.step = state["step"]
+        self.nonfinite_in_a_row = state.get("nonfinite_in_a_row", 0)  # absent in checkpoints from before it existed
         self.metrics.truncate_after(self.cfg.name, self.step)
         return True
 
@@ -217,7 +221,7 @@ class DAPOTrainer:
             indices = self.sampler.take(cfg.prompts_per_step)
             roll = generate(self.model, self.tokenizer, [self.items[i].prompt for i in indices], n=G,
                             temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.gen_batch_size, record_logprobs=cfg.old_logprobs == "sampler")
+                            batch_size=cfg.gen_batch_size, record_logprobs=self.old_logprobs == "sampler")
             generated += int(roll.lengths.sum())
             correct, rewards = self.score(roll, [self.items[i] for i in indices for _ in range(G)])
             correct, rewards = correct.view(-1, G), rewards.view(-1, G)  # (n_prompts, G)
@@ -238,10 +242,12 @@ class DAPOTrainer:
         if groups:
             row.update(self.update(groups))
         else:  # every group was all-correct or all-wrong: no gradient, no entropy reading; the gate holds
-            row.update({"entropy": float("nan"), "entropy_coef": self.gate.coefficient(), "entropy_coef_applied": 0.0})
+            row.update({"entropy": float("nan"), "entropy_coef": self.gate.coefficient(), "entropy_coef_applied": 0.0,
+                        "skipped_steps": 0})
         elapsed = time.monotonic() - t0
         row.update({"gen_time_s": round(gen_time, 3), "step_time_s": round(elapsed, 3),
                     "tokens_per_s": round(generated / elapsed, 1), "lr": self.scheduler.get_last_lr()[0]})
+        self.scheduler.step()  # once per training step, trained or not: warmup counts training steps
         return row
 
     def score(self, roll: Rollout, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,10 +281,10 @@ class DAPOTrainer:
         coef = self.gate.active_coefficient(entropy_k)
         sums: dict[str, float] = {}
         weights = 0.0
-        grad_norms = []
+        grad_norms, skipped = [], 0
         self.model.train()
         for _ in range(cfg.ppo_epochs):
-            for mb in _split(torch.randperm(N).tolist(), cfg.mini_batches):
+            for mb in split_even(torch.randperm(N).tolist(), cfg.mini_batches):
                 self.optimizer.zero_grad(set_to_none=True)
                 mb_tokens = mask[mb].sum().clamp(min=1)
                 for start in range(0, len(mb), micro):
@@ -294,19 +300,56 @@ class DAPOTrainer:
                     m["actor/pg_loss"] = pg_loss.item() * float(mb_tokens) / max(w, 1.0)
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * w
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)))
-                self.optimizer.step()
-                self.scheduler.step()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+                if math.isfinite(grad_norm):
+                    grad_norms.append(grad_norm)
+                    self.optimizer.step()
+                    self.nonfinite_in_a_row = 0
+                else:  # as verl does: no update from this mini-batch; too many in a row and the run has diverged
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    self.nonfinite_in_a_row += 1
+                    if self.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+                        raise NonFiniteGradients(
+                            f"stage {cfg.name!r} step {self.step}: gradient norm {grad_norm} in "
+                            f"{self.nonfinite_in_a_row} optimizer steps in a row (max_nonfinite_steps="
+                            f"{cfg.max_nonfinite_steps}); stopping with the last checkpoint kept. Lower lr, or "
+                            "check the model's dtype and inputs")
         gate = self.gate.update(entropy_k)
         out = {k.split("/")[-1]: v / max(weights, 1.0) for k, v in sums.items()}
         out.update({"entropy": entropy_k, "entropy_coef": gate["actor/entropy_coef"],
                     "entropy_gate_open": gate["actor/entropy_gate_open"],
                     "entropy_coef_applied": coef,  # what the loss used: c_k when the gate is open, else 0
-                    "grad_norm": sum(grad_norms) / len(grad_norms), "adv_abs_mean": float(advantages.abs().mean()),
-                    "n_answers": N})
+                    "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+                    "skipped_steps": skipped, "adv_abs_mean": float(advantages.abs().mean()), "n_answers": N})
         return out
 
 
-def _split(order: list[int], parts: int) -> list[list[int]]:
-    size = math.ceil(len(order) / parts)
-    return [order[i:i + size] for i in range(0, len(order), size)]
+class TrainingHalted(RuntimeError):
+    """The run stopped itself for a stated reason, before any update or checkpoint from the bad state."""
+
+
+class NonFiniteGradients(TrainingHalted):
+    """`max_nonfinite_steps` optimizer steps in a row had a non-finite gradient norm: the run has diverged."""
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """LR multiplier of training step `step` (1-based): min(1, step / warmup_steps), 1 without warmup.
+
+    The verl translation sets verl's scheduler to the same values (`verl_backend.translate`)."""
+    return min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def old_logprobs_source(setting: str, dtype: torch.dtype) -> str:
+    """`sampler` or `recompute`; `auto` recomputes in half precision, where the KV-cached decode and the
+    full forward differ in the last bits and the first mini-batch's ratio would not be exactly 1."""
+    if setting != "auto":
+        return setting
+    return "recompute" if dtype in (torch.bfloat16, torch.float16) else "sampler"
+
+
+def split_even(order: list[int], parts: int) -> list[list[int]]:
+    """`order` in exactly `parts` consecutive chunks whose sizes differ by at most one (none empty while
+    there are at least `parts` items; fewer items give one chunk each)."""
+    parts = min(parts, len(order)) or 1
+    return [order[i * len(order) // parts:(i + 1) * len(order) // parts] for i in range(parts)]

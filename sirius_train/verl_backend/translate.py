@@ -112,7 +112,13 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("actor_rollout_ref.actor.fsdp_config.param_offload", v.param_offload),
         ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", v.optimizer_offload),
         ("actor_rollout_ref.actor.optim.lr", stage.lr),
+        # warmup in training steps, step t at lr * min(1, t / warmup_steps) as the local trainer does: verl's
+        # "constant" schedule gives t-1 / warmup (step 1 at lr 0), its cosine one with 1-based steps and a
+        # floor of 1.0 is exactly the linear warmup then constant (advanced once per training step)
         ("actor_rollout_ref.actor.optim.lr_warmup_steps", stage.warmup_steps),
+        ("actor_rollout_ref.actor.optim.lr_scheduler_type", "cosine"),
+        ("actor_rollout_ref.actor.optim.min_lr_ratio", 1.0),
+        ("actor_rollout_ref.actor.optim.zero_indexed_step", False),
         ("actor_rollout_ref.actor.optim.weight_decay", stage.weight_decay),
         ("actor_rollout_ref.actor.optim.clip_grad", stage.grad_clip),
         ("actor_rollout_ref.actor.ppo_mini_batch_size", stage.prompts_per_step // stage.mini_batches),
