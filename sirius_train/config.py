@@ -130,6 +130,7 @@ class StageConfig:
     # bookkeeping
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end of the stage)
     checkpoint_every: int = 5
+    keep_last: int = 2  # newest checkpoints kept per stage (0: all); older ones are deleted after each save
 
 
 @dataclass
@@ -258,6 +259,8 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.old_logprobs", s.old_logprobs, "use 'auto', 'sampler' (kept from generation) or 'recompute'")
         if s.max_nonfinite_steps < 1:
             bad(f"{key}.max_nonfinite_steps", s.max_nonfinite_steps, "need >= 1 (the run stops after that many in a row)")
+        if s.keep_last < 0:
+            bad(f"{key}.keep_last", s.keep_last, "need >= 0 (0 keeps every checkpoint)")
         if s.warmup_steps < 0:
             bad(f"{key}.warmup_steps", s.warmup_steps, "need >= 0 (0: no warmup)")
         if s.curriculum not in ("smoothed", "uniform"):

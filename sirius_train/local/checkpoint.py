@@ -1,12 +1,17 @@
-"""Atomic checkpoints: a killed run resumes from the last complete one, never from half a write.
+"""Atomic, verified checkpoints: a killed run resumes from the last complete one, never from half a write.
 
 A checkpoint is a folder `step_NNNNNN/` holding an ordinary HF checkpoint (weights + tokenizer, so it
 loads anywhere) plus `trainer_state.pt` (optimizer, scheduler, entropy gate, RNG streams, data
-position, step). It is written under a hidden temporary name and renamed into place in one step.
+position, step). It is written under a hidden temporary name, every file fsynced, then `MANIFEST.json`
+(each file's size and SHA-256) last, and renamed into place in one step. Resume takes the newest
+checkpoint whose files match their manifest and says which damaged ones it passed over. A write that
+fails (a full disk) removes its temporary folder and leaves the previous checkpoints as they were.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import shutil
@@ -16,38 +21,83 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "MANIFEST.json"
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, quota, file size limit); older checkpoints are intact."""
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, state: dict, keep_last: int = 2) -> Path:
+    """Write checkpoint `step`, then delete all but the newest `keep_last` (0 keeps every one)."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step:06d}"
     tmp = ckpt_dir / f".step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save(state, tmp / STATE_FILE)
-    for f in tmp.iterdir():  # durable before it becomes visible
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+        files = {}
+        for f in sorted(tmp.iterdir()):  # durable before the manifest vouches for it
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+            files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
+        _write_durably(tmp / MANIFEST, json.dumps({"step": step, "files": files}, indent=1))
+    except Exception as e:  # noqa: BLE001 -- safetensors and torch wrap the OS error in their own types
+        written = _folder_bytes(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ckpt_dir).free
+        raise CheckpointWriteError(
+            f"could not write checkpoint {final}: {e}. It needs about {_gib(_expected_bytes(ckpt_dir, written))} "
+            f"and {_gib(free)} is free on that disk; the previous checkpoints are intact (free space, or set "
+            "keep_last lower, and rerun the same command to resume)") from e
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for old in list_checkpoints(ckpt_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(ckpt_dir)
+    if keep_last > 0:
+        for old in list_checkpoints(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temporary folders of an interrupted save are ignored)."""
+    """Checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
     if not ckpt_dir.is_dir():
         return []
-    done = [p for p in ckpt_dir.glob("step_*") if (p / STATE_FILE).is_file()]
+    done = [p for p in ckpt_dir.glob("step_*") if p.is_dir()]
     return sorted(done, key=lambda p: int(p.name.split("_")[1]))
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    found = list_checkpoints(ckpt_dir)
-    return found[-1] if found else None
+def verify_checkpoint(path: Path) -> str | None:
+    """None when every file of `path` matches its manifest, else what is wrong with it."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"no {MANIFEST} (written last: the save never finished)"
+    except (OSError, ValueError) as e:
+        return f"unreadable {MANIFEST}: {e}"
+    for name, expected in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != expected["size"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {expected['size']}"
+        if _sha256(f) != expected["sha256"]:
+            return f"{name} does not match its SHA-256"
+    return None
+
+
+def latest_checkpoint(ckpt_dir: Path, warn=None) -> Path | None:
+    """The newest checkpoint that verifies; `warn(message)` hears of each newer one passed over."""
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path
+        if warn is not None:
+            warn(f"checkpoint {path} is damaged ({problem}); falling back to the previous one")
+    return None
 
 
 def load_state(path: Path) -> dict:
@@ -67,3 +117,40 @@ def restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _expected_bytes(ckpt_dir: Path, written: int) -> int:
+    """The size of the newest existing checkpoint (the next one is as large), or at least what was written."""
+    existing = list_checkpoints(ckpt_dir)
+    return max(_folder_bytes(existing[-1]) if existing else 0, written)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**26 else f"{n / 2**20:.1f} MiB"

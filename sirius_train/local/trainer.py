@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -175,11 +176,12 @@ class DAPOTrainer:
                 "data": self.sampler.state_dict(), "rng": capture_rng(), "nonfinite_in_a_row": self.nonfinite_in_a_row}
 
     def save(self) -> None:
-        save_checkpoint(self.ckpt_dir, self.step, self.model, self.tokenizer, self.state_dict())
+        save_checkpoint(self.ckpt_dir, self.step, self.model, self.tokenizer, self.state_dict(),
+                        keep_last=self.cfg.keep_last)
 
     def resume(self) -> bool:
         """Restore the latest checkpoint of this stage, if any; returns whether it did."""
-        path = latest_checkpoint(self.ckpt_dir)
+        path = latest_checkpoint(self.ckpt_dir, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
         if path is None:
             return False
         from safetensors.torch import load_file
