@@ -47,9 +47,27 @@ class Curriculum:
     report: dict = field(default_factory=dict)
 
 
+EMPTY_GOLD = "empty gold result (any query returning nothing would match it)"
+
+
+def without_empty_gold(examples: Sequence[Example]) -> tuple[list[Example], int]:
+    """The examples whose gold result is known to have rows (validation's `meta.gold_rows`), and how many were not.
+
+    An empty gold makes `[] == []` a full reward for any query that returns nothing: a policy learns to write
+    impossible filters. Examples without the figure (never validated here) are kept.
+
+    Example:
+        >>> pool = [Example("a", "d", "q", "SELECT 1", meta={"gold_rows": 0}), Example("b", "d", "q", "SELECT 2")]
+        >>> [e.id for e in without_empty_gold(pool)[0]], without_empty_gold(pool)[1]
+        (['b'], 1)
+    """
+    kept = [e for e in examples if e.meta.get("gold_rows") != 0]
+    return kept, len(examples) - len(kept)
+
+
 def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float], budget: int, *,
                      config: SmoothingConfig = SmoothingConfig(), seed: int = 0, filler: Filler | None = None,
-                     max_fill_rounds: int = 2, overgenerate: float = 2.0) -> Curriculum:
+                     max_fill_rounds: int = 2, overgenerate: float = 2.0, drop_empty_gold: bool = True) -> Curriculum:
     """Select `budget` examples with a flat difficulty histogram (SPEC 2.4); fill short bins with `filler`.
 
     Args:
@@ -60,6 +78,8 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         filler: makes and estimates new examples near given parents (`MutationFiller`); None: no filling.
         max_fill_rounds: filling rounds at most (each re-plans with what the previous one added).
         overgenerate: parents picked per missing example (mutants land in other bins too).
+        drop_empty_gold: leave out examples whose gold result is empty (`without_empty_gold`), counted in
+            the report's `dropped`.
 
     Example:
         >>> pool = [Example(str(i), "d", f"q{i}", "SELECT 1") for i in range(8)]
@@ -69,6 +89,8 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         (8, {'all correct (p = 1)': 2, 'all wrong (p = 0)': 1})
     """
     check_unique_ids(examples, "curriculum pool")
+    n_pool = len(examples)
+    examples, empty_gold = without_empty_gold(examples) if drop_empty_gold else (list(examples), 0)
     pool = {e.id: e for e in examples}
     rates = {i: float(p) for i, p in pass_rates.items() if i in pool}
     unrated = len(pool) - len(rates)
@@ -95,11 +117,13 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         plan = plan_curriculum(rates, budget, config, seed)
         if not made:
             break
-    report = {"seed": seed, "config": asdict(config), "pool": len(examples),
+    report = {"seed": seed, "config": asdict(config), "pool": n_pool,
               "estimated": len(rates) - len(new_examples), "new_examples": len(new_examples),
               "unique_selected": len(set(plan.selection)), **plan.to_json(), "fill_rounds": rounds}
     if unrated:
         report["dropped"]["no pass rate (not estimated, or gold failed)"] = unrated
+    if empty_gold:
+        report["dropped"][EMPTY_GOLD] = empty_gold
     chosen = [pool[i] for i in plan.selection]
     return Curriculum(chosen, rates, new_examples, report)
 
@@ -185,7 +209,7 @@ class MutationFiller:
 
 
 def uniform_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float], budget: int, *,
-                       seed: int = 0) -> Curriculum:
+                       seed: int = 0, drop_empty_gold: bool = True) -> Curriculum:
     """The ablation baseline: `budget` examples drawn uniformly from the pool, whatever their difficulty.
 
     Example:
@@ -196,11 +220,12 @@ def uniform_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, flo
     """
     check_unique_ids(examples, "curriculum pool")
     rng = random.Random(f"uniform:{seed}")
-    pool = list(examples)
+    n_pool = len(examples)
+    pool, empty_gold = without_empty_gold(examples) if drop_empty_gold else (list(examples), 0)
     chosen: list[Example] = []
     while len(chosen) < budget and pool:
         chosen += rng.sample(pool, min(len(pool), budget - len(chosen)))
     rates = {e.id: float(pass_rates[e.id]) for e in pool if e.id in pass_rates}
-    return Curriculum(chosen, rates, [], {"mode": "uniform", "seed": seed, "pool": len(pool), "budget": budget,
+    return Curriculum(chosen, rates, [], {"mode": "uniform", "seed": seed, "pool": n_pool, "budget": budget,
                                           "selected": len(chosen), "unique_selected": len({e.id for e in chosen}),
-                                          "dropped": {}})
+                                          "dropped": {EMPTY_GOLD: empty_gold} if empty_gold else {}})

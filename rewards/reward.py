@@ -22,6 +22,9 @@ class RewardTable:
     timeout: float = 0.0
     rejected: float = 0.0  # not one read-only statement, too large, ...
     format_failure: float = -1.0  # no SQL block in the answer
+    # a match of two empty results ([] == []): None pays `correct`; a lower value stops paying full reward to
+    # any query that returns nothing where gold is empty too
+    empty_match: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -33,12 +36,14 @@ def execution_reward(pred_status: Status | str | None, match: bool, table: Rewar
     Example:
         >>> execution_reward("ok", True), execution_reward("empty", False), execution_reward(None, False)
         (1.0, 0.0, -1.0)
+        >>> execution_reward("empty", True), execution_reward("empty", True, RewardTable(empty_match=0.0))
+        (1.0, 0.0)
     """
     if pred_status is None:
         return table.format_failure
     status = Status(pred_status)
     if match:
-        return table.correct
+        return table.empty_match if status is Status.EMPTY and table.empty_match is not None else table.correct
     if status.executed:
         return table.wrong
     return {Status.ERROR: table.error, Status.TIMEOUT: table.timeout, Status.REJECTED: table.rejected}[status]

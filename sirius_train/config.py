@@ -127,6 +127,7 @@ class StageConfig:
     max_repeats: int = 3
     keep_zero_share: float = 0.0  # share of the budget that p=0 examples may take
     fill_bins: bool = True  # fill short bins with mutations of their examples (estimated the same way)
+    drop_empty_gold: bool = True  # leave out examples whose gold result is empty ([] == [] rewards any empty query)
     # bookkeeping
     eval_every: int = 0  # steps between held-out evaluations (0: only at the end of the stage)
     checkpoint_every: int = 5
@@ -143,6 +144,7 @@ class RewardConfig:
     timeout: float = 0.0
     rejected: float = 0.0
     format_failure: float = -1.0
+    empty_match: float | None = None  # reward when prediction and gold both return no rows (None: `correct`)
     url: str | None = None  # reward server(s), comma-separated; None scores locally
 
 

@@ -170,7 +170,8 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
             smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
                                         keep_zero_share=stage.keep_zero_share)
             if stage.curriculum == "uniform":  # ablation: no smoothing, no gap filling
-                curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index)
+                curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index,
+                                                drop_empty_gold=stage.drop_empty_gold)
             else:
                 filler = MutationFiller(
                     data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
@@ -178,7 +179,8 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
                     max_new_tokens=stage.max_new_tokens, compare=data.compare, prompt_format=data.prompt_format,
                     policy=str(model)) if stage.fill_bins else None
                 curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing,
-                                              seed=cfg.seed + index, filler=filler)
+                                              seed=cfg.seed + index, filler=filler,
+                                              drop_empty_gold=stage.drop_empty_gold)
             paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,
                                 compare=data.compare, prompt_format=data.prompt_format)
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]

@@ -54,7 +54,7 @@ class LocalBackend:
         if self._executor is None:
             r = self.cfg.reward
             table = RewardTable(correct=r.correct, wrong=r.wrong, error=r.error, timeout=r.timeout,
-                                rejected=r.rejected, format_failure=r.format_failure)
+                                rejected=r.rejected, format_failure=r.format_failure, empty_match=r.empty_match)
             self._executor = Executor(self.cfg.data.db_root, workers=r.workers, limits=Limits(timeout_s=r.timeout_s),
                                       table=table)
         return self._executor

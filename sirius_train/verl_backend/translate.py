@@ -268,11 +268,11 @@ def _overlong(stage: StageConfig) -> list[tuple[str, object]]:
 def _check_reward_table(cfg: RunConfig) -> None:
     r = cfg.reward
     ours = RewardTable(correct=r.correct, wrong=r.wrong, error=r.error, timeout=r.timeout, rejected=r.rejected,
-                       format_failure=r.format_failure)
+                       format_failure=r.format_failure, empty_match=r.empty_match)
     if ours != RewardTable():
         raise ConfigError(f"reward table {ours.to_dict()}: the verl backend scores with "
                           f"rewards.verl_reward.compute_score, which uses the default table {RewardTable().to_dict()}; "
-                          "set reward.correct/wrong/error/timeout/rejected/format_failure back to the defaults")
+                          "set reward.correct/wrong/error/timeout/rejected/format_failure/empty_match back to the defaults")
 
 
 def _check_new_key(key: str) -> None:
