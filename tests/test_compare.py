@@ -66,8 +66,10 @@ def test_spider_accepts_any_column_and_row_permutation(rows, rnd):
     # gold ordered: columns may still move, rows may not
     columns_moved = [tuple(r[j] for j in perm) for r in rows]
     assert results_match(columns_moved, rows, "spider", ORDERED)
-    cells_per_row = [sorted(map(repr, r)) for r in rows]
-    if [sorted(map(repr, r)) for r in shuffled] != cells_per_row:  # no column permutation can undo the row shuffle
+    def cells(row):  # a row's values as a multiset, numbers compared as Python does (1 == 1.0)
+        return sorted(repr(float(c)) if isinstance(c, (int, float)) else repr(c) for c in row)
+
+    if [cells(r) for r in shuffled] != [cells(r) for r in rows]:  # no column permutation can undo the row shuffle
         assert not results_match(shuffled, rows, "spider", ORDERED)
     rows_moved = list(rows)
     rnd.shuffle(rows_moved)
