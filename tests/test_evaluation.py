@@ -104,6 +104,23 @@ def test_spider_layout_uses_hardness_and_spider_equivalence(tmp_path, demo_db_ro
     assert report["buckets"] == {"easy": {"n": 1, "correct": 1, "ex": 1.0}, "medium": {"n": 1, "correct": 1, "ex": 1.0}}
 
 
+def test_evaluate_scores_sql_the_analysis_cannot_read(tmp_path, demo_db_root):
+    """Gold and predictions that break sqlglot (a self-join without aliases, 10k-deep nesting, NUL) get a
+    bucket ("extra" when unanalysable) and an engine verdict; nothing raises."""
+    self_join = "SELECT count(*) FROM customers JOIN customers"
+    deep = "SELECT " + "(" * 10_000 + "1" + ")" * 10_000
+    gold = tmp_path / "g.jsonl"
+    gold.write_text("".join(json.dumps({"id": i, "db_id": "retail", "gold_sql": sql}) + "\n"
+                            for i, sql in enumerate([self_join, deep, PARIS])))
+    pred = tmp_path / "p.jsonl"
+    pred.write_text("".join(json.dumps({"id": i, "sql": sql}) + "\n" for i, sql in enumerate([self_join, deep, "SELECT 1\x00"])))
+    result = evaluate(tmp_path, demo_db_root, pred, gold)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "report" / "eval.json").read_text())
+    assert report["correct"] == 1 and report["n"] == 3  # the self-join; SQLite refuses the deep gold itself
+    assert report["buckets"]["extra"]["n"] == 1  # the deep gold: too deep to count, as unparsable SQL is
+
+
 @pytest.mark.parametrize("files, message", [
     ({"pred.sql": "SELECT 1\nSELECT 2\n", "dev_gold.sql": f"{PARIS}\tretail\n"}, "2 predictions for 1 gold"),
     ({"pred.sql": "SELECT 1\n", "dev_gold.sql": f"{PARIS}\n"}, "dev_gold.sql:1: expected 'SQL<TAB>db_id'"),
