@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sirius_train.jsonl import JsonlError, read_jsonl, write_jsonl
+from data_synthesis.jsonl import JsonlError, read_jsonl, write_jsonl
 
 REQUIRED = ("id", "db_id", "question", "gold_sql")
 
@@ -77,10 +77,9 @@ class Example:
 def read_examples(path: str | Path) -> list[Example]:
     """All examples of a pool JSONL file; duplicate ids are an error (ids key the pass-rate cache)."""
     try:
-        rows = read_jsonl(path)
+        examples = read_jsonl(path, parse=Example.from_json)
     except JsonlError as e:
         raise RecordError(str(e)) from None
-    examples = [Example.from_json(row, f"{path}:{i}") for i, row in enumerate(rows, 1)]
     check_unique_ids(examples, str(path))
     return examples
 

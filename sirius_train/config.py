@@ -3,7 +3,9 @@
 One declaration holds every default (no `cfg.get(key, default)` elsewhere). Unknown keys, wrong types
 and broken invariants fail when the config loads, with the key, the value and what to do instead --
 not at step 1 of a cluster job. Both backends read this same config; `verl_backend.translate` maps
-it to verl's keys.
+it to verl's keys. This module imports no backend: a backend's own launch rules (the SFT's DeepSpeed
+config, `local.sft.check_run_config`) are checked where `sirius train` / `sirius sft` load a
+run, before anything starts.
 """
 
 from __future__ import annotations
@@ -271,10 +273,6 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
     if cfg.sft.batch_size < 1 or cfg.sft.gradient_accumulation_steps < 1:
         bad("sft.batch_size", cfg.sft.batch_size, "sft.batch_size and sft.gradient_accumulation_steps must be >= 1")
-    if cfg.sft.enabled and cfg.sft.deepspeed:
-        from sirius_train.local.deepspeed_config import check_sft_deepspeed
-
-        check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device)
     _validate_verl(cfg, bad)
     for backend in cfg.logging.backends:
         if backend not in ("wandb", "tensorboard"):

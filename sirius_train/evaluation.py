@@ -23,9 +23,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_synthesis.jsonl import JsonlError, read_jsonl
 from rewards.scoring import ScoreItem, ScoreResult
 from sirius_train.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
-from sirius_train.jsonl import JsonlError, read_jsonl
 
 BIRD_SEPARATOR = "\t----- bird -----\t"
 BIRD_BUCKETS = ("simple", "moderate", "challenging")

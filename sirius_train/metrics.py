@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from rich.markup import escape
 
 from data_synthesis.extras import require
-from sirius_train.jsonl import iter_jsonl, write_jsonl
+from data_synthesis.jsonl import iter_jsonl, write_jsonl
 from sirius_train.progress import stderr
 
 BACKENDS = ("wandb", "tensorboard")

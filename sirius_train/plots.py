@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sirius_train.jsonl import iter_jsonl
+from data_synthesis.jsonl import iter_jsonl
 
 PANELS = (("reward_mean", "reward (mean)"), ("acc_mean", "rollout accuracy"), ("entropy", "entropy (nats/token)"),
           ("entropy_coef", "entropy coefficient"))

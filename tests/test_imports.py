@@ -1,10 +1,12 @@
-"""What imports what: the packages import, and the light commands never load a model library.
+"""What imports what: the packages import, the light commands never load a model library, and imports flow
+one way (rewards <- data_synthesis <- sirius_train; the run config imports no backend).
 
 The light commands run through the real command line in a fresh interpreter with
 `PYTHONPROFILEIMPORTTIME=1` (`python -X importtime`), which names every module the process imported."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import os
@@ -97,3 +99,51 @@ def test_reward_server_imports_no_model_library(demo_db_root, monkeypatch):
     modules = imported("".join(server.log))
     assert {"uvicorn", "rewards"} <= modules
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
+# ---------------------------------------------------------------------------------------- layering
+def imports_of(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module a file imports, at the top or inside a function (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            found.add(".".join(filter(None, [base, node.module])))
+    return found
+
+
+def floor_violations(package: str, above: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    return sorted(f"{path.relative_to(root)} imports {module}"
+                  for path in (root / package).rglob("*.py")
+                  for module in imports_of(path, root)
+                  if module.split(".")[0] in above)
+
+
+def test_rewards_imports_nothing_above_it():
+    assert floor_violations("rewards", ("data_synthesis", "sirius_train")) == []
+
+
+def test_data_synthesis_imports_nothing_above_it():
+    assert floor_violations("data_synthesis", ("sirius_train",)) == []
+
+
+def test_the_run_config_imports_no_backend():
+    imports = imports_of(ROOT / "sirius_train" / "config.py")
+    backends = ("sirius_train.local", "sirius_train.verl_backend", "torch", "transformers", "deepspeed", "verl")
+    assert "omegaconf" in imports and not [m for m in imports if m.startswith(backends)]
+
+
+def test_the_layering_check_sees_imports_inside_functions(tmp_path):
+    """The walk must find a lazy import (the kind that climbed before) and resolve relative ones."""
+    (tmp_path / "data_synthesis" / "sub").mkdir(parents=True)
+    (tmp_path / "data_synthesis" / "sub" / "probe.py").write_text(
+        "import json\n\ndef f():\n    from sirius_train.local.rollout import generate\n"
+        "    from . import x\n    from ..records import Example\n")
+    assert imports_of(tmp_path / "data_synthesis" / "sub" / "probe.py", tmp_path) == {
+        "json", "sirius_train.local.rollout", "data_synthesis.sub", "data_synthesis.records"}
+    assert floor_violations("data_synthesis", ("sirius_train",), tmp_path) == [
+        "data_synthesis/sub/probe.py imports sirius_train.local.rollout"]

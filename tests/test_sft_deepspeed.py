@@ -1,6 +1,6 @@
 """DeepSpeed configs for the SFT: the shipped ZeRO-2/3 configs pass transformers' DeepSpeed integration and
-DeepSpeed's own parser; a wrong stage, broken batch arithmetic or an unknown key is a clear error when the
-run config loads (not at step 1 of a cluster job)."""
+DeepSpeed's own parser; a wrong stage, broken batch arithmetic or an unknown key is a clear error when
+`sirius sft` / `sirius train` load the run (not at step 1 of a cluster job)."""
 
 import json
 from pathlib import Path
@@ -13,11 +13,19 @@ from sirius_train.config import ConfigError, load_config
 
 pytest.importorskip("deepspeed")
 
-from sirius_train.local.deepspeed_config import DeepSpeedConfigError, check_sft_deepspeed  # noqa: E402
+from sirius_train.local.deepspeed_config import DeepSpeedConfigError  # noqa: E402
+from sirius_train.local.sft import check_run_config, check_sft_deepspeed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "configs" / "nano.yaml"
 SHIPPED = sorted((ROOT / "configs" / "deepspeed").glob("*.json"))
+
+
+def _load_checked(path, overrides):
+    """What `sirius sft` does before it starts: the run config, then the SFT engine's DeepSpeed rules."""
+    cfg = load_config(path, overrides)
+    check_run_config(cfg)
+    return cfg
 
 
 def _variant(tmp_path, base: str, **changes) -> str:
@@ -51,10 +59,10 @@ def test_shipped_configs_fill_from_the_run_config(path, world_size):
 
 def test_wrong_stage_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"zero_optimization.stage=4: DeepSpeed ZeRO has stages 0, 1, 2, 3; use 2"):
-        load_config(NANO, [f"sft.deepspeed={_variant(tmp_path, 'zero3.json', zero_optimization__stage=4)}"])
+        _load_checked(NANO, [f"sft.deepspeed={_variant(tmp_path, 'zero3.json', zero_optimization__stage=4)}"])
     offload = _variant(tmp_path, "zero3_offload.json", zero_optimization__stage=2)
     with pytest.raises(ConfigError, match=r"offload_param with stage=2: parameter offload needs ZeRO-3"):
-        load_config(NANO, [f"sft.deepspeed={offload}"])
+        _load_checked(NANO, [f"sft.deepspeed={offload}"])
 
 
 def test_batch_arithmetic_is_checked_at_the_launch_world_size(tmp_path):
@@ -68,22 +76,22 @@ def test_batch_arithmetic_is_checked_at_the_launch_world_size(tmp_path):
                                                    r"\{'train_batch_size': 32"):
         check_sft_deepspeed(cfg.sft, device="cpu", world_size=2)
     with pytest.raises(ConfigError, match=r"sft.batch_size=8 per GPU .* = 8, .*set these keys to \"auto\""):
-        load_config(NANO, [f"sft.deepspeed={explicit}", "sft.batch_size=8"])  # this process alone: world size 1
+        _load_checked(NANO, [f"sft.deepspeed={explicit}", "sft.batch_size=8"])  # this process alone: world size 1
     clipping = _variant(tmp_path, "zero2.json", gradient_clipping=0.5)
     with pytest.raises(ConfigError, match=r"ds gradient_clipping=0.5 vs hf max_grad_norm=1.0"):
-        load_config(NANO, [f"sft.deepspeed={clipping}"])
+        _load_checked(NANO, [f"sft.deepspeed={clipping}"])
 
 
 def test_deepspeed_parser_rejects_unknown_keys_and_files_are_checked(tmp_path):
     typo = _variant(tmp_path, "zero3.json", zero_optimization__stage3_max_live_params=10)
     with pytest.raises(ConfigError, match=r"DeepSpeed rejects the config: .*stage3_max_live_params .*Extra inputs"):
-        load_config(NANO, [f"sft.deepspeed={typo}"])
+        _load_checked(NANO, [f"sft.deepspeed={typo}"])
     with pytest.raises(ConfigError, match=r"sft.deepspeed='nope.json': no such file"):
-        load_config(NANO, ["sft.deepspeed=nope.json"])
+        _load_checked(NANO, ["sft.deepspeed=nope.json"])
     broken = tmp_path / "broken.json"
     broken.write_text('{"zero_optimization": {"stage": 3,}}')
     with pytest.raises(ConfigError, match=r"not valid JSON \(.*line 1"):
-        load_config(NANO, [f"sft.deepspeed={broken}"])
+        _load_checked(NANO, [f"sft.deepspeed={broken}"])
 
 
 def test_sirius_sft_reports_a_bad_config_in_one_line(tmp_path):

@@ -23,7 +23,7 @@ GENERATION_CHUNK = 16  # questions per sampler call: big enough to batch, small 
 
 def read_questions(path: Path | None, db_id: str | None, question: str | None) -> list[dict]:
     """Questions from `--input` (JSONL with db_id, question, optional id / evidence) or one from the flags."""
-    from sirius_train.jsonl import read_jsonl
+    from data_synthesis.jsonl import read_jsonl
 
     if (path is None) == (question is None):
         raise ValueError("give either --input QUESTIONS.jsonl or --question TEXT (with --db-id), not both")
@@ -39,7 +39,7 @@ def read_questions(path: Path | None, db_id: str | None, question: str | None) -
 def read_few_shot(path: Path | None):
     """Worked examples for the generalist: JSONL {question, schema, sql}; the built-in ones by default."""
     from sirius_train.inference.candidates import DEFAULT_FEW_SHOT, Example
-    from sirius_train.jsonl import read_jsonl
+    from data_synthesis.jsonl import read_jsonl
 
     if path is None:
         return DEFAULT_FEW_SHOT
@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
         from rewards.databases import UnknownDatabase
         from sirius_train.inference.candidates import Generator
         from sirius_train.inference.selector import SelectorConfig
-        from sirius_train.jsonl import JsonlError, write_jsonl
+        from data_synthesis.jsonl import JsonlError, write_jsonl
 
         try:
             questions = read_questions(input, db_id, question)

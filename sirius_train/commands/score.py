@@ -15,7 +15,7 @@ import typer
 from rewards.compare import CompareMode
 from sirius_train.progress import progress_bar, stderr
 
-INPUT_FIELDS = ("id", "db_id", "pred_sql", "gold_sql")
+INPUT_FIELDS = {"id": None, "db_id": (str, int), "pred_sql": (str, type(None)), "gold_sql": str}  # None: any type
 
 
 def score_file(db_root: Path, input_path: Path, output_path: Path, compare: str = "bird", timeout: float = 5.0,
@@ -24,7 +24,7 @@ def score_file(db_root: Path, input_path: Path, output_path: Path, compare: str 
     from rewards.executor import Executor
     from rewards.sandbox import Limits
     from rewards.scoring import ScoreItem
-    from sirius_train.jsonl import read_jsonl, write_jsonl
+    from data_synthesis.jsonl import read_jsonl, write_jsonl
 
     rows = read_jsonl(input_path, required=INPUT_FIELDS)
     items = [ScoreItem(db_id=str(r["db_id"]), gold_sql=r["gold_sql"], pred_sql=r["pred_sql"], compare=compare,
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Score predicted SQL against gold SQL by execution (BIRD or Spider result semantics)."""
-        from sirius_train.jsonl import JsonlError
+        from data_synthesis.jsonl import JsonlError
 
         try:
             summary = score_file(db_root, input, output, compare.value, timeout, workers, not quiet)

@@ -23,7 +23,7 @@ class PoolError(ValueError):
 
 def read_pools(path: Path) -> list[dict]:
     """Pool lines, validated: every candidate needs a string `source` and a `sql` (string or null)."""
-    from sirius_train.jsonl import read_jsonl
+    from data_synthesis.jsonl import read_jsonl
 
     rows = read_jsonl(path, required=POOL_FIELDS)
     seen = set()
@@ -56,7 +56,7 @@ def select_file(db_root: Path, input_path: Path, output_path: Path, *, config, m
     from sirius_train.inference.judge import PairwiseJudge
     from sirius_train.inference.lifecycle import Lifecycle, LifecycleConfig
     from sirius_train.inference.pipeline import answer, make_task
-    from sirius_train.jsonl import write_jsonl
+    from data_synthesis.jsonl import write_jsonl
 
     pools = read_pools(input_path)
     tasks = [make_task(db_root, p["id"], str(p["db_id"]), str(p["question"]), given(p["candidates"]),
@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
 
         from rewards.databases import UnknownDatabase
         from sirius_train.inference.selector import SelectorConfig
-        from sirius_train.jsonl import JsonlError
+        from data_synthesis.jsonl import JsonlError
 
         try:
             defaults = SelectorConfig()

@@ -57,7 +57,7 @@ def clean_errors():
     from data_synthesis.loaders import DatasetError
     from data_synthesis.records import RecordError
     from rewards.databases import UnknownDatabase
-    from sirius_train.jsonl import JsonlError
+    from data_synthesis.jsonl import JsonlError
 
     try:
         yield
@@ -144,13 +144,13 @@ def build_pool(db_root: Path, datasets: list[Path], tables: Path | None, synthes
 
 
 def write_rates(path: Path, estimates) -> None:
-    from sirius_train.jsonl import write_jsonl
+    from data_synthesis.jsonl import write_jsonl
 
     write_jsonl(path, ({k: v for k, v in e.to_json().items() if k != "key"} for e in estimates))
 
 
 def read_rates(path: Path) -> dict[str, float]:
-    from sirius_train.jsonl import read_jsonl
+    from data_synthesis.jsonl import read_jsonl
 
     rows = read_jsonl(path, required=("id", "pass_rate"))
     return {str(r["id"]): float(r["pass_rate"]) for r in rows if r.get("gold_status", "ok") in ("ok", "empty")}

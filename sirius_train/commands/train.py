@@ -21,6 +21,9 @@ def _load(config: Path | None, overrides: list[str], **forced):
 
     try:
         cfg = load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
+        from sirius_train.local.sft import check_run_config
+
+        check_run_config(cfg)  # the warm start's DeepSpeed rules, before anything starts
     except (ConfigError, FileNotFoundError) as e:
         raise _fail(e) from None
     return cfg

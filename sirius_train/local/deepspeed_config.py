@@ -101,25 +101,6 @@ def _check(config: dict, args, world: int) -> dict:
     return filled
 
 
-def check_sft_deepspeed(sft, *, seed: int = 0, device: str = "auto", world_size: int | None = None) -> dict:
-    """`check_deepspeed_config` for a run config's `sft` section, with the arguments `train_sft` will use.
-
-    `world_size` defaults to the launch's (`WORLD_SIZE`, 1 outside a launcher).
-    """
-    import torch
-
-    from sirius_train.local import ranks
-    from sirius_train.local.sft import SFTOptions, training_arguments
-
-    options = SFTOptions(epochs=sft.epochs, lr=sft.lr, batch_size=sft.batch_size, warmup_ratio=sft.warmup_ratio,
-                         weight_decay=sft.weight_decay, deepspeed=sft.deepspeed, seed=seed,
-                         gradient_accumulation_steps=sft.gradient_accumulation_steps,
-                         gradient_checkpointing=sft.gradient_checkpointing)
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    args = training_arguments("unused", options, on_gpu)
-    return check_deepspeed_config(sft.deepspeed, args, world_size or ranks.launch_world_size())
-
-
 class _AtWorldSize:
     """`args` as seen by a launch of `world_size` processes (HF reads `args.world_size` for the batch arithmetic)."""
 

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
+from data_synthesis.jsonl import read_jsonl, write_jsonl
 from data_synthesis.prompts import chat_text
-from sirius_train.jsonl import read_jsonl, write_jsonl
 from sirius_train.local import ranks
+from sirius_train.local.deepspeed_config import check_deepspeed_config
 
 IGNORE = -100
 
@@ -163,6 +164,27 @@ def training_arguments(output_dir: str | Path, options: SFTOptions, on_gpu: bool
     )
 
 
+def check_run_config(cfg) -> None:
+    """The warm start's launch rules for a run config (`sirius train` / `sirius sft` call it right after loading
+    it): its DeepSpeed config must fit the training arguments, when the SFT uses one."""
+    if cfg.sft.enabled and cfg.sft.deepspeed:
+        check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device)
+
+
+def check_sft_deepspeed(sft, *, seed: int = 0, device: str = "auto", world_size: int | None = None) -> dict:
+    """`check_deepspeed_config` for a run config's `sft` section, with the arguments `train_sft` will use.
+
+    `world_size` defaults to the launch's (`WORLD_SIZE`, 1 outside a launcher).
+    """
+    options = SFTOptions(epochs=sft.epochs, lr=sft.lr, batch_size=sft.batch_size, warmup_ratio=sft.warmup_ratio,
+                         weight_decay=sft.weight_decay, deepspeed=sft.deepspeed, seed=seed,
+                         gradient_accumulation_steps=sft.gradient_accumulation_steps,
+                         gradient_checkpointing=sft.gradient_checkpointing)
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    args = training_arguments("unused", options, on_gpu)
+    return check_deepspeed_config(sft.deepspeed, args, world_size or ranks.launch_world_size())
+
+
 def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions, callbacks, report_to):
     """The one training code path of every rank: a `Trainer` (under DeepSpeed when configured), resumed if it can."""
     from transformers import PrinterCallback, Trainer
@@ -173,8 +195,6 @@ def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: 
     with _deepspeed_process_group(options.deepspeed):
         ds_config = None
         if options.deepspeed:
-            from sirius_train.local.deepspeed_config import check_deepspeed_config
-
             plain = training_arguments(output_dir, options, on_gpu, report_to)
             ds_config = check_deepspeed_config(options.deepspeed, plain, world_size=ranks.launch_world_size())
         args = training_arguments(output_dir, options, on_gpu, report_to, deepspeed=ds_config)
