@@ -1,5 +1,5 @@
-"""JSON Lines in and out: every fault of an input file is one line naming the file and line, and a write
-never leaves half a file behind.
+"""JSON Lines in and out (and the JSON and text inputs beside them): every fault of an input file is one line
+naming the file and line, and a write never leaves half a file behind.
 
 It sits on the data floor so that `data_synthesis` (pool files) and `sirius_train` (every command's inputs
 and outputs) share it without an import climbing up. Lines are parsed from bytes by orjson (the CLI reads
@@ -81,6 +81,54 @@ def iter_jsonl(path: str | Path) -> Iterator[dict]:
                 return
             if raw.strip():
                 yield _parse_line(raw, f"{path}:{lineno}", last=False)
+
+
+def read_json(path: str | Path):
+    """A whole JSON document (Spider/BIRD files); a list comes back as a `JsonList`, whose items can be named
+    by line. Bad UTF-8 or bad JSON raise JsonlError: `file:line: what is wrong`."""
+    path = Path(path)
+    text = read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if not text[e.pos:].strip():
+            raise JsonlError(f"{path}:{e.lineno}: truncated: the file ends before the JSON does ({e.msg})") from None
+        raise JsonlError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    return JsonList(data, path, text) if isinstance(data, list) else data
+
+
+class JsonList(list):
+    """The items of a JSON list read from a file; `where(i)` names item i as `file:line: item i` (the line is found
+    only when asked, for an error message)."""
+
+    def __init__(self, items: list, path: Path, text: str):
+        super().__init__(items)
+        self.path, self._text = path, text
+
+    def where(self, index: int) -> str:
+        decoder, text = json.JSONDecoder(), self._text
+        pos = text.index("[") + 1
+        for _ in range(index + 1):
+            while text[pos] in " \t\r\n,":
+                pos += 1
+            start = pos
+            _, pos = decoder.raw_decode(text, pos)
+        return f"{self.path}:{text.count(chr(10), 0, start) + 1}: item {index}"
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file (a BOM is dropped); a missing file or a bad byte raises JsonlError naming file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise JsonlError(f"{path}: no such file")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise JsonlError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {column}); "
+                         "save the file as UTF-8") from None
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:

@@ -13,10 +13,10 @@ The schema the model sees is always read from the SQLite file itself (`schema.re
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
+from data_synthesis.jsonl import JsonlError, JsonList, read_json
 from data_synthesis.records import Example, RecordError, check_unique_ids, read_examples
 
 
@@ -47,7 +47,12 @@ def load_dataset(path: str | Path, *, tables: str | Path | None = None, source: 
         kind = _detect(items, path)
         tag = source or f"{kind}-{path.stem}"
         parse = _parse_bird if kind == "bird" else _parse_spider
-        examples = [parse(item, i, tag, f"{path}: item {i}") for i, item in enumerate(items)]
+        examples = []
+        for i, item in enumerate(items):
+            try:
+                examples.append(parse(item, i, tag))
+            except DatasetError as e:
+                raise DatasetError(f"{items.where(i)}: {e}") from None
         try:
             check_unique_ids(examples, str(path))
         except RecordError as e:
@@ -74,21 +79,18 @@ def load_tables(path: str | Path) -> dict[str, dict]:
     out = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("db_id"), str):
-            raise DatasetError(f"{path}: item {i} has no string 'db_id'; is this a Spider/BIRD tables.json?")
+            raise DatasetError(f"{entries.where(i)}: no string 'db_id'; is this a Spider/BIRD tables.json?")
         out[entry["db_id"]] = entry
     return out
 
 
-def _read_json_list(path: Path) -> list:
+def _read_json_list(path: Path) -> JsonList:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); "
-                           "Spider/BIRD files are one JSON list, pool files end in .jsonl") from None
+        data = read_json(path)
+    except JsonlError as e:
+        raise DatasetError(f"{e}; Spider/BIRD files are one JSON list, pool files end in .jsonl") from None
     if not isinstance(data, list):
-        raise DatasetError(f"{path}: expected a JSON list of examples, got a {type(data).__name__}")
+        raise DatasetError(f"{path}: expected a JSON list of examples, got {type(data).__name__}")
     return data
 
 
@@ -104,26 +106,26 @@ def _detect(items: list, path: Path) -> str:
                        "'query', BIRD items have 'SQL' (pool JSONL files must end in .jsonl)")
 
 
-def _field(item, key: str, where: str) -> str:
+def _field(item, key: str) -> str:
     if not isinstance(item, dict):
-        raise DatasetError(f"{where}: expected an object, got {type(item).__name__}")
+        raise DatasetError(f"expected an object, got {type(item).__name__}")
     value = item.get(key)
     if not isinstance(value, str) or not value.strip():
-        raise DatasetError(f"{where}: field {key!r} must be a non-empty string, got {value!r}")
+        raise DatasetError(f"field {key!r} must be a non-empty string, got {value!r}")
     return value
 
 
-def _parse_spider(item, index: int, tag: str, where: str) -> Example:
-    return Example(id=f"{tag}-{index}", db_id=_field(item, "db_id", where), question=_field(item, "question", where),
-                   gold_sql=_field(item, "query", where), source=tag.split("-")[0])
+def _parse_spider(item, index: int, tag: str) -> Example:
+    return Example(id=f"{tag}-{index}", db_id=_field(item, "db_id"), question=_field(item, "question"),
+                   gold_sql=_field(item, "query"), source=tag.split("-")[0])
 
 
-def _parse_bird(item, index: int, tag: str, where: str) -> Example:
-    qid = item.get("question_id", index) if isinstance(item, dict) else index
-    level = item.get("difficulty") if isinstance(item, dict) else None
-    return Example(id=f"{tag}-{qid}", db_id=_field(item, "db_id", where), question=_field(item, "question", where),
-                   gold_sql=_field(item, "SQL", where), evidence=str(item.get("evidence") or ""),
-                   source=tag.split("-")[0], level=None if level is None else str(level))
+def _parse_bird(item, index: int, tag: str) -> Example:
+    db_id, question, sql = _field(item, "db_id"), _field(item, "question"), _field(item, "SQL")
+    level = item.get("difficulty")
+    return Example(id=f"{tag}-{item.get('question_id', index)}", db_id=db_id, question=question, gold_sql=sql,
+                   evidence=str(item.get("evidence") or ""), source=tag.split("-")[0],
+                   level=None if level is None else str(level))
 
 
 def _check_tables(examples: list[Example], tables: dict[str, dict], path: Path) -> None:

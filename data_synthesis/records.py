@@ -62,9 +62,14 @@ class Example:
         missing = [k for k in REQUIRED if row.get(k) is None]
         if missing:
             raise RecordError(f"{prefix}missing field(s) {missing}; an example needs {list(REQUIRED)}")
+        if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+            raise RecordError(f"{prefix}field 'id' must be a string or an integer, got {row['id']!r}")
         for key in ("db_id", "question", "gold_sql"):
             if not isinstance(row[key], str) or not row[key].strip():
                 raise RecordError(f"{prefix}field {key!r} must be a non-empty string, got {row[key]!r}")
+        for key in ("evidence", "source"):
+            if row.get(key) is not None and not isinstance(row[key], str):
+                raise RecordError(f"{prefix}field {key!r} must be a string, got {row[key]!r}")
         meta = row.get("meta") or {}
         if not isinstance(meta, dict):
             raise RecordError(f"{prefix}field 'meta' must be an object, got {type(meta).__name__}")

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_synthesis.jsonl import JsonlError, read_jsonl
+from data_synthesis.jsonl import JsonlError, read_json, read_jsonl, read_text
 from rewards.scoring import ScoreItem, ScoreResult
 from sirius_train.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
 
@@ -165,15 +165,20 @@ def _read_gold(path: Path) -> list[dict]:
         raise EvaluationInputError(f"{path}: no such gold file")
     if path.suffix.lower() == ".jsonl":
         try:
-            rows = read_jsonl(path, required=("id", "db_id"))
+            return read_jsonl(path, required=("id", "db_id"), parse=lambda r: _gold_row(r, r["id"]))
         except JsonlError as e:
             raise EvaluationInputError(str(e)) from None
-        return [_gold_row(r, r["id"], path, k + 1) for k, r in enumerate(rows)]
     if path.suffix.lower() == ".json":
         data = _read_json(path)
         if not isinstance(data, list):
             raise EvaluationInputError(f"{path}: expected a JSON list of questions (BIRD dev.json layout)")
-        return [_gold_row(r, r.get("question_id", k), path, k + 1) for k, r in enumerate(data)]
+        gold = []
+        for k, r in enumerate(data):
+            try:
+                gold.append(_gold_row(r, r.get("question_id", k) if isinstance(r, dict) else k))
+            except ValueError as e:
+                raise EvaluationInputError(f"{data.where(k)}: {e}") from None
+        return gold
     gold = []
     for k, line in enumerate(_read_lines(path)):
         sql, sep, db_id = line.rstrip("\n").rpartition("\t")
@@ -183,10 +188,13 @@ def _read_gold(path: Path) -> list[dict]:
     return gold
 
 
-def _gold_row(row, ident, path: Path, lineno: int) -> dict:
+def _gold_row(row, ident) -> dict:
+    """One gold entry; a ValueError names what is missing (the caller adds file and line)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a gold entry is an object, got {type(row).__name__}")
     sql = next((row[k] for k in GOLD_SQL_KEYS if isinstance(row.get(k), str)), None)
     if sql is None or "db_id" not in row:
-        raise EvaluationInputError(f"{path}:{lineno}: a gold entry needs db_id and one of {list(GOLD_SQL_KEYS)}")
+        raise ValueError(f"a gold entry needs db_id and one of {list(GOLD_SQL_KEYS)} as a string")
     out = {"id": ident, "db_id": str(row["db_id"]), "sql": sql}
     if row.get("difficulty"):
         out["difficulty"] = str(row["difficulty"])
@@ -194,18 +202,20 @@ def _gold_row(row, ident, path: Path, lineno: int) -> dict:
 
 
 def _read_jsonl_predictions(path: Path) -> dict:
-    try:
-        rows = read_jsonl(path, required=("id",))
-    except JsonlError as e:
-        raise EvaluationInputError(str(e)) from None
     preds = {}
-    for k, r in enumerate(rows):
+
+    def add(r: dict) -> None:
         sql = r.get("sql", r.get("pred_sql"))
         if sql is not None and not isinstance(sql, str):
-            raise EvaluationInputError(f"{path}:{k + 1}: 'sql' must be a string or null, got {type(sql).__name__}")
+            raise ValueError(f"'sql' must be a string or null, got {type(sql).__name__}")
         if r["id"] in preds:
-            raise EvaluationInputError(f"{path}:{k + 1}: duplicate prediction id {r['id']!r}")
+            raise ValueError(f"duplicate prediction id {r['id']!r}")
         preds[r["id"]] = sql
+
+    try:
+        read_jsonl(path, required=("id",), parse=add)
+    except JsonlError as e:
+        raise EvaluationInputError(str(e)) from None
     return preds
 
 
@@ -236,18 +246,17 @@ def _read_difficulty(path: Path) -> dict:
 
 
 def _read_json(path: Path):
-    if not path.is_file():
-        raise EvaluationInputError(f"{path}: no such file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise EvaluationInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return read_json(path)
+    except JsonlError as e:
+        raise EvaluationInputError(str(e)) from None
 
 
 def _read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise EvaluationInputError(f"{path}: no such file")
-    return path.read_text(encoding="utf-8").splitlines()
+    try:
+        return read_text(path).splitlines()
+    except JsonlError as e:
+        raise EvaluationInputError(str(e)) from None
 
 
 def _bucket_order(buckets: set[str]) -> list[str]:

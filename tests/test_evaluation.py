@@ -125,7 +125,7 @@ def test_evaluate_scores_sql_the_analysis_cannot_read(tmp_path, demo_db_root):
     ({"pred.sql": "SELECT 1\nSELECT 2\n", "dev_gold.sql": f"{PARIS}\tretail\n"}, "2 predictions for 1 gold"),
     ({"pred.sql": "SELECT 1\n", "dev_gold.sql": f"{PARIS}\n"}, "dev_gold.sql:1: expected 'SQL<TAB>db_id'"),
     ({"predict_dev.json": '{"zero": "SELECT 1"}', "dev.json": "[]"}, "entry 'zero' is not"),
-    ({"predict_dev.json": "{not json", "dev.json": "[]"}, "predict_dev.json: not valid JSON"),
+    ({"predict_dev.json": "{not json", "dev.json": "[]"}, "predict_dev.json:1: not valid JSON"),
     ({"p.jsonl": '{"id": 9, "sql": "SELECT 1"}\n', "g.jsonl": f'{{"id": 1, "db_id": "retail", "gold_sql": "{PARIS}"}}\n'},
      "1 prediction id(s) not in"),
     ({"p.jsonl": '{"id": 1, "sql": 5}\n', "g.jsonl": f'{{"id": 1, "db_id": "retail", "gold_sql": "{PARIS}"}}\n'},

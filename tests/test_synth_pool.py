@@ -59,7 +59,7 @@ def test_dataset_errors_are_clear(tmp_path):
     with pytest.raises(DatasetError, match="no such dataset file"):
         load_dataset(tmp_path / "nope.json")
     (tmp_path / "bad.json").write_text("[{")
-    with pytest.raises(DatasetError, match=r"bad.json: not valid JSON .* line 1"):
+    with pytest.raises(DatasetError, match=r"bad.json:1: truncated: the file ends before the JSON does"):
         load_dataset(tmp_path / "bad.json")
     with pytest.raises(DatasetError, match=r"cannot tell the format .* Spider items have 'query'"):
         load_dataset(_write(tmp_path / "odd.json", [{"db_id": "x", "question": "q", "answer": "a"}]))

@@ -1,1 +1,47 @@
-"""One module per `sirius` command group; each exposes `register(app)`. Heavy imports stay inside commands."""
+"""One module per `sirius` command group; each exposes `register(app)`. Heavy imports stay inside commands.
+
+Every command ends the same way on bad input or a failing endpoint: one line on stderr, exit code 2
+(`one_line_errors`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import typer
+
+# What a user can cause and fix: bad files, flags and values (ValueError: JsonlError, DatasetError, ConfigError,
+# ...), missing or unwritable files and folders (OSError), an unknown database (LookupError: UnknownDatabase).
+USER_ERRORS = (ValueError, OSError, LookupError)
+
+
+def fail(message: object) -> typer.Exit:
+    """Print `error: message` as one line (newlines folded, not read as rich markup); return the exit to raise."""
+    from rich.markup import escape
+
+    from sirius_train.progress import stderr
+
+    stderr.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    return typer.Exit(2)
+
+
+@contextmanager
+def one_line_errors():
+    """Turn a user's error (see USER_ERRORS), a missing extra or an endpoint's `EndpointError` into `fail`."""
+    from data_synthesis.extras import MissingExtra
+
+    try:
+        yield
+    except (*USER_ERRORS, MissingExtra) as e:
+        raise fail(e) from None
+    except RuntimeError as e:
+        if _is_endpoint_error(e):
+            raise fail(f"endpoint unreachable or failing: {e}") from None
+        raise
+
+
+def _is_endpoint_error(e: RuntimeError) -> bool:
+    """An EndpointError can only come from a loaded chat client, so the light commands never import httpx for it."""
+    chat = sys.modules.get("data_synthesis.chat_client")
+    return chat is not None and isinstance(e, chat.EndpointError)

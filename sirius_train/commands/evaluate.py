@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
 
@@ -30,22 +31,19 @@ def register(app: typer.Typer) -> None:
     ):
         """Execution accuracy per difficulty bucket and per database (our JSONL, BIRD or Spider files)."""
         from rewards.compare import parse_mode
-        from sirius_train.evaluation import (EvaluationInputError, detect_format, ex_report, load_items,
-                                             markdown_report, score_items, write_report)
+        from sirius_train.evaluation import (detect_format, ex_report, load_items, markdown_report, score_items,
+                                             write_report)
 
-        try:
+        with one_line_errors():
             layout = detect_format(pred) if fmt == "auto" else fmt
             mode = ("spider" if layout == "spider" else "bird") if compare == "auto" else parse_mode(compare).value
             items = load_items(pred, gold, layout, difficulty_file)
-        except (EvaluationInputError, ValueError) as e:
-            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
-            raise typer.Exit(2) from None
-        stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
-        with progress_bar("scoring", len(items), not quiet) as advance:
-            results = score_items(items, db_root, mode, workers=workers, timeout_s=timeout,
-                                  on_result=lambda i, r: advance())
-        report = ex_report(items, results, mode)
-        report["inputs"] = {"pred": str(pred), "gold": str(gold), "format": layout}
-        paths = write_report(report, out, name)
+            stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
+            with progress_bar("scoring", len(items), not quiet) as advance:
+                results = score_items(items, db_root, mode, workers=workers, timeout_s=timeout,
+                                      on_result=lambda i, r: advance())
+            report = ex_report(items, results, mode)
+            report["inputs"] = {"pred": str(pred), "gold": str(gold), "format": layout}
+            paths = write_report(report, out, name)
         typer.echo(markdown_report(report))
         stderr.print("wrote " + ", ".join(str(p) for p in paths))

@@ -15,9 +15,10 @@ from pathlib import Path
 import typer
 
 from rewards.compare import CompareMode
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
-QUESTION_FIELDS = ("db_id", "question")
+QUESTION_FIELDS = {"db_id": str, "question": str}
 GENERATION_CHUNK = 16  # questions per sampler call: big enough to batch, small enough for a live progress bar
 
 
@@ -28,12 +29,18 @@ def read_questions(path: Path | None, db_id: str | None, question: str | None) -
     if (path is None) == (question is None):
         raise ValueError("give either --input QUESTIONS.jsonl or --question TEXT (with --db-id), not both")
     if path is not None:
-        rows = read_jsonl(path, required=QUESTION_FIELDS)
-        return [{"id": r.get("id", k), "db_id": str(r["db_id"]), "question": str(r["question"]),
+        rows = read_jsonl(path, required=QUESTION_FIELDS, parse=_evidence_checked)
+        return [{"id": r.get("id", k), "db_id": r["db_id"], "question": r["question"],
                  "evidence": r.get("evidence")} for k, r in enumerate(rows)]
     if not db_id:
         raise ValueError("--question needs --db-id (the database under --db-root to ask)")
     return [{"id": 0, "db_id": db_id, "question": question, "evidence": None}]
+
+
+def _evidence_checked(row: dict) -> dict:
+    if not isinstance(row.get("evidence") or "", str):
+        raise ValueError(f"field 'evidence' must be a string or null, got {row['evidence']!r:.40}")
+    return row
 
 
 def read_few_shot(path: Path | None):
@@ -44,7 +51,7 @@ def read_few_shot(path: Path | None):
     if path is None:
         return DEFAULT_FEW_SHOT
     return tuple(Example(str(r["question"]), str(r["schema"]), str(r["sql"]))
-                 for r in read_jsonl(path, required=("question", "schema", "sql")))
+                 for r in read_jsonl(path, required={"question": str, "schema": str, "sql": str}))
 
 
 def specialist_sampler(specialist: str, model_name: str | None):
@@ -124,13 +131,12 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
     ):
         """Answer questions end to end: specialist + generalist candidates, typed repair, hybrid selection."""
+        from data_synthesis.jsonl import write_jsonl
         from data_synthesis.samplers import OpenAISampler
-        from rewards.databases import UnknownDatabase
         from sirius_train.inference.candidates import Generator
         from sirius_train.inference.selector import SelectorConfig
-        from data_synthesis.jsonl import JsonlError, write_jsonl
 
-        try:
+        with one_line_errors():
             questions = read_questions(input, db_id, question)
             generators = [Generator("specialist", specialist_sampler(specialist, specialist_model), n_specialist,
                                     temperature, max_new_tokens=max_new_tokens)]
@@ -146,12 +152,9 @@ def register(app: typer.Typer) -> None:
                                       llm_model=llm_model or (generalist_model if generalist_url else None),
                                       seed=seed, workers=workers, timeout=timeout, recovery=recovery,
                                       show_progress=not quiet)
-        except (JsonlError, UnknownDatabase, FileNotFoundError, ValueError) as e:
-            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
-            raise typer.Exit(2) from None
-        trace_path = trace or output.with_name(output.stem + ".trace.jsonl")
-        write_jsonl(output, (a.result() for a in answers))
-        write_jsonl(trace_path, (a.trace() for a in answers))
+            trace_path = trace or output.with_name(output.stem + ".trace.jsonl")
+            write_jsonl(output, (a.result() for a in answers))
+            write_jsonl(trace_path, (a.trace() for a in answers))
         for a in answers:
             stderr.print(f"[bold]{a.task.question.id}[/] {a.pick()['sql']}\n    {a.why}")
         stderr.print(f"wrote {output} and {trace_path}")

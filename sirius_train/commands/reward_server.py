@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import stderr
 
 
@@ -39,19 +40,12 @@ def register(app: typer.Typer) -> None:
         from rewards.server import serve
         from rewards.service import ServerConfig
 
-        try:
+        with one_line_errors():
             config = ServerConfig(db_root, workers=workers, timeout_s=timeout, max_queue_items=max_queue,
                                   max_batch_items=max_batch, max_body_bytes=int(max_body_mb * (1 << 20)),
                                   token=token, chunk_size=chunk_size)
-        except ValueError as e:
-            stderr.print(f"[red]error:[/] {e}")
-            raise typer.Exit(2) from None
-        table = Table(title="reward server", show_header=False)
-        for key, value in config.settings().items():
-            table.add_row(key, str(value))
-        stderr.print(table)
-        try:
+            table = Table(title="reward server", show_header=False)
+            for key, value in config.settings().items():
+                table.add_row(key, str(value))
+            stderr.print(table)
             serve(config, host, port, log_level, announce=lambda line: stderr.print(line, soft_wrap=True))
-        except OSError as e:
-            stderr.print(f"[red]error:[/] {e}")
-            raise typer.Exit(2) from None

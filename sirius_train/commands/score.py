@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from rewards.compare import CompareMode
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
 INPUT_FIELDS = {"id": None, "db_id": (str, int), "pred_sql": (str, type(None)), "gold_sql": str}  # None: any type
@@ -72,11 +73,6 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Score predicted SQL against gold SQL by execution (BIRD or Spider result semantics)."""
-        from data_synthesis.jsonl import JsonlError
-
-        try:
+        with one_line_errors():
             summary = score_file(db_root, input, output, compare.value, timeout, workers, not quiet)
-        except JsonlError as e:
-            stderr.print(f"[red]error:[/] {e}")
-            raise typer.Exit(2) from None
         print_summary(summary)

@@ -12,35 +12,33 @@ from pathlib import Path
 import typer
 
 from rewards.compare import CompareMode
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
-POOL_FIELDS = ("id", "db_id", "question", "candidates")
-
-
-class PoolError(ValueError):
-    pass
+POOL_FIELDS = {"id": (str, int), "db_id": (str, int), "question": str, "candidates": list}
 
 
 def read_pools(path: Path) -> list[dict]:
-    """Pool lines, validated: every candidate needs a string `source` and a `sql` (string or null)."""
+    """Pool lines, validated: every candidate needs a string `source` and a `sql` (string or null); ids unique.
+    A bad line raises JsonlError naming the file and line."""
     from data_synthesis.jsonl import read_jsonl
 
-    rows = read_jsonl(path, required=POOL_FIELDS)
     seen = set()
-    for lineno, row in enumerate(rows, 1):
-        where = f"{path}: pool #{lineno} (id {row['id']!r})"
-        if not isinstance(row["candidates"], list):
-            raise PoolError(f"{where}: 'candidates' must be a list of {{\"source\", \"sql\"}}")
+
+    def check(row: dict) -> dict:
         for k, cand in enumerate(row["candidates"]):
-            if not isinstance(cand, dict) or "source" not in cand or "sql" not in cand:
-                raise PoolError(f"{where}: candidate {k} must be an object with 'source' and 'sql', got {cand!r:.80}")
+            if not isinstance(cand, dict) or not isinstance(cand.get("source"), str) or "sql" not in cand:
+                raise ValueError(f"candidate {k} must be an object with 'source' and 'sql' ('source' a string), "
+                                 f"got {cand!r:.80}")
             if cand["sql"] is not None and not isinstance(cand["sql"], str):
-                raise PoolError(f"{where}: candidate {k}: 'sql' must be a string or null")
+                raise ValueError(f"candidate {k}: 'sql' must be a string or null, got {cand['sql']!r:.40}")
         key = repr(row["id"])
         if key in seen:
-            raise PoolError(f"{where}: duplicate id; ids must be unique so picks can be joined back")
+            raise ValueError(f"duplicate id {row['id']!r}; ids must be unique so picks can be joined back")
         seen.add(key)
-    return rows
+        return row
+
+    return read_jsonl(path, required=POOL_FIELDS, parse=check)
 
 
 def select_file(db_root: Path, input_path: Path, output_path: Path, *, config, method: str = "hybrid",
@@ -104,11 +102,9 @@ def register(app: typer.Typer) -> None:
         """Pick one SQL per question from candidate pools (execution-grounded hybrid selection)."""
         from collections import Counter
 
-        from rewards.databases import UnknownDatabase
         from sirius_train.inference.selector import SelectorConfig
-        from data_synthesis.jsonl import JsonlError
 
-        try:
+        with one_line_errors():
             defaults = SelectorConfig()
             config = SelectorConfig(compare=compare.value,
                                     margin=defaults.margin if margin is None else margin,
@@ -117,9 +113,6 @@ def register(app: typer.Typer) -> None:
             answers = select_file(db_root, input, output, config=config, method=method, llm_url=llm_url,
                                   llm_model=llm_model, repair=repair, trace_path=trace, workers=workers,
                                   timeout=timeout, show_progress=not quiet)
-        except (JsonlError, PoolError, UnknownDatabase, ValueError) as e:
-            stderr.print(f"[red]error:[/] {e}", soft_wrap=True)
-            raise typer.Exit(2) from None
         decided = Counter(a.selection.decided_by for a in answers)
         stderr.print(f"wrote {len(answers)} picks to {output}; decided by: "
                      + ", ".join(f"{k} {v}" for k, v in decided.most_common()))

@@ -14,12 +14,11 @@ Files: the pool is Example JSONL (`data_synthesis.records`); rates are JSONL `{"
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
+from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
 # Options shared by `estimate` and `curriculum` (one declaration each; typer reuses them as defaults).
@@ -46,28 +45,6 @@ RAY_ACTORS = typer.Option(0, "--ray-actors", min=0, help="generate on N Ray acto
                                                          "RAY_ADDRESS or a local cluster); 0: in this process")
 GPUS_PER_ACTOR = typer.Option(None, "--gpus-per-actor", min=0.0, help="GPUs each Ray actor reserves (default: "
                                                                       "--tensor-parallel with vllm, 0 with hf)")
-
-
-@contextmanager
-def clean_errors():
-    """Bad input ends the command with one clear line and exit code 2, not a traceback."""
-    from data_synthesis.chat_client import EndpointError
-    from data_synthesis.difficulty import CacheError
-    from data_synthesis.extras import MissingExtra
-    from data_synthesis.loaders import DatasetError
-    from data_synthesis.records import RecordError
-    from rewards.databases import UnknownDatabase
-    from data_synthesis.jsonl import JsonlError
-
-    try:
-        yield
-    except EndpointError as e:
-        stderr.print(f"[red]error:[/] endpoint unreachable or failing: {escape(str(e))}")
-        raise typer.Exit(2) from None
-    except (DatasetError, RecordError, JsonlError, CacheError, UnknownDatabase, FileNotFoundError, ValueError,
-            MissingExtra) as e:
-        stderr.print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(2) from None
 
 
 def make_sampler(model: Path | None, url: str | None, served_model: str | None, generate_batch: int,
@@ -152,7 +129,7 @@ def write_rates(path: Path, estimates) -> None:
 def read_rates(path: Path) -> dict[str, float]:
     from data_synthesis.jsonl import read_jsonl
 
-    rows = read_jsonl(path, required=("id", "pass_rate"))
+    rows = read_jsonl(path, required={"id": (str, int), "pass_rate": float})
     return {str(r["id"]): float(r["pass_rate"]) for r in rows if r.get("gold_status", "ok") in ("ok", "empty")}
 
 
@@ -199,7 +176,7 @@ def register(app: typer.Typer) -> None:
         if not dataset and not synthesize:
             stderr.print("[red]error:[/] nothing to pool: pass --dataset FILE and/or --synthesize N")
             raise typer.Exit(2)
-        with clean_errors():
+        with one_line_errors():
             if not db_root.is_dir():
                 raise FileNotFoundError(f"--db-root {db_root} is not a directory")
             writer = make_writer(llm_url, llm_model)
@@ -208,11 +185,11 @@ def register(app: typer.Typer) -> None:
             with progress_bar("validating gold SQL", len(examples), not quiet) as advance:
                 kept, dropped = validate_examples(examples, db_root, timeout_s=timeout, drop_empty=drop_empty,
                                                   workers=workers, progress=advance)
-        write_examples(out, kept)
-        reasons = Counter(reason.split(":")[0] for _, reason in dropped)
-        report.update({"loaded": len(examples), "kept": len(kept), "dropped": dict(reasons),
-                       "dropped_examples": [{"id": e.id, "db_id": e.db_id, "reason": r} for e, r in dropped]})
-        write_report(report, out.with_suffix(".report.json"))
+            write_examples(out, kept)
+            reasons = Counter(reason.split(":")[0] for _, reason in dropped)
+            report.update({"loaded": len(examples), "kept": len(kept), "dropped": dict(reasons),
+                           "dropped_examples": [{"id": e.id, "db_id": e.db_id, "reason": r} for e, r in dropped]})
+            write_report(report, out.with_suffix(".report.json"))
         print_counts(f"pool: {len(kept)} kept of {len(examples)} -> {out}",
                      {"kept": len(kept), **{f"dropped: {k}": v for k, v in reasons.items()}})
 
@@ -234,7 +211,7 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.export import histogram_counts
         from data_synthesis.records import read_examples
 
-        with clean_errors():
+        with one_line_errors():
             examples = read_examples(pool)
             factory = sampler_factory(model, url, served_model, batch_size * k, engine, tensor_parallel)
             cache = cache or out.with_name(out.name + ".cache.jsonl")
@@ -254,7 +231,7 @@ def register(app: typer.Typer) -> None:
                                                      num_gpus=gpus, progress=advance, **options)
                 else:
                     estimates = run_estimate(examples, factory(), db_root, k, progress=advance, **options)
-        write_rates(out, estimates)
+            write_rates(out, estimates)
         counts = histogram_counts([e.pass_rate for e in estimates], 4)
         labels = ["p = 0", "(0, .25)", "[.25, .5)", "[.5, .75)", "[.75, 1)", "p = 1"]
         print_counts(f"pass rates of {len(estimates)} examples -> {out}", dict(zip(labels, counts)))
@@ -284,7 +261,7 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.records import read_examples
         from data_synthesis.smoothing import SmoothingConfig
 
-        with clean_errors():
+        with one_line_errors():
             config = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
             examples = read_examples(pool)
             pass_rates = read_rates(rates)
