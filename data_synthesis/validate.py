@@ -56,14 +56,17 @@ def drop_reason(outcome: Outcome, drop_empty: bool = False) -> str | None:
 def validate_examples(examples: Sequence[Example], db_root: str | Path, *, timeout_s: float = 5.0,
                       max_rows: int = 100_000, drop_empty: bool = False, workers: int = 0,
                       progress: Callable[[int], None] | None = None) -> tuple[list[Example], list[tuple[Example, str]]]:
-    """(kept examples with `meta.gold_time_s` / `meta.gold_rows`, [(dropped example, reason)]), input order kept."""
+    """(kept examples with `meta.gold_time_s` / `meta.gold_rows`, [(dropped example, reason)]), input order kept.
+
+    A reason reads `kind: detail` (`duplicate: ...`, `gold error: no such column ...`); reports count the kinds.
+    """
     require_databases(examples, db_root)
     seen: dict[tuple, str] = {}
     unique, dropped = [], []
     for e in examples:
         signature = (e.db_id, e.question.strip(), e.gold_sql.strip())
         if signature in seen:
-            dropped.append((e, f"duplicate of {seen[signature]}"))
+            dropped.append((e, f"duplicate: same database, question and gold SQL as {seen[signature]}"))
         else:
             seen[signature] = e.id
             unique.append(e)

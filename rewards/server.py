@@ -9,7 +9,9 @@
 Every refusal has one shape, `{"error": {"type", "message", "details"?}}`, and one place where it is
 mapped to a status (`_STATUS`): 400 malformed JSON, 401 missing/wrong bearer token, 404 unknown
 db_id, 413 body or batch too large, 422 invalid fields, 429 queue full (+ Retry-After), 503 shutting
-down. A client that disconnects cancels its work that has not started.
+down. A client that disconnects cancels its work that has not started. The API speaks only JSON, so a
+POST body is read as JSON whatever its Content-Type says (`curl -d` sends form-urlencoded): the
+documented request works as pasted, and a body that is not JSON (or none) gets the 400 that says so.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def build_app(config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="SIRIUS-SQL reward server", version="1", lifespan=lifespan,
                   description="Execution reward for rollout fleets: sandboxed SQLite scoring with backpressure.")
+    app.add_middleware(_JsonBody)
     app.add_middleware(_BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(_Observe)  # added last = outermost: it also sees the 413s of the body limit
     router = APIRouter(prefix="/v1", dependencies=[Depends(_bearer_check(config.token))] if config.token else [])
@@ -168,6 +171,9 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> Re
     if any(e.get("type") == "json_invalid" for e in errors):
         reason = (errors[0].get("ctx") or {}).get("error", "not valid JSON")
         return _error(400, "invalid_json", f"the request body is not valid JSON ({reason})", details)
+    if [tuple(e.get("loc", ())) for e in errors] == [("body",)] and errors[0].get("type") == "missing":
+        return _error(400, "invalid_json", "the request body is empty: send a JSON object (see /openapi.json)",
+                      details)
     first = errors[0]
     where = ".".join(str(part) for part in first.get("loc", ()))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -222,6 +228,19 @@ class _BodyLimit:
                                             f"{self.max_body_bytes}; send smaller batches or raise --max-body-mb",
                           headers={"Connection": "close"})
         await response(scope, receive, send)
+
+
+class _JsonBody:
+    """Read every POST body as JSON: its Content-Type is set to application/json before FastAPI parses it."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 class _Observe:

@@ -10,7 +10,10 @@ run, before anything starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -325,19 +328,52 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file not found: {path}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            raw = OmegaConf.load(path)
+            for parts in _key_paths(OmegaConf.to_container(raw)):
+                _check_key(parts, f"{path}: ")
+            merged = OmegaConf.merge(merged, raw)
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise ConfigError(f"overrides must look like key=value, got {bad}")
             for override in overrides:
                 key, value = override.split("=", 1)
+                _check_key(re.sub(r"\[(\d+)\]", r".\1", key.strip()).split("."), f"override {override!r}: ")
                 parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
                 OmegaConf.update(merged, key.strip(), parsed, merge=True)
         cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {e}".replace("\n", " ")) from None
+    except OmegaConfBaseException as e:  # a value of the wrong type: the key and omegaconf's reason, one line
+        where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
+        reason = " ".join(str(e).split()).split(" full_key:")[0]
+        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {where}{reason}") from None
     return validate(cfg)
+
+
+def _key_paths(node, parts: tuple = ()):
+    """Every key path of a loaded YAML tree, e.g. ('stages', '0', 'steps')."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield (*parts, str(key))
+        yield from _key_paths(child, (*parts, str(key)))
+
+
+def _check_key(parts: list[str] | tuple, where: str) -> None:
+    """An unknown key names its section and the closest known key:
+    "unknown key 'stepz' in stages.0; did you mean 'steps'?" (values are left to omegaconf)."""
+    section = RunConfig
+    for depth, part in enumerate(parts):
+        if typing.get_origin(section) is list:  # a list of sections: the part is an index
+            section = typing.get_args(section)[0] if part.isdigit() else None
+            continue
+        if not is_dataclass(section):
+            return
+        known = [f.name for f in fields(section)]
+        if part not in known:
+            place = f"in {'.'.join(parts[:depth])}" if depth else "at the top level"
+            close = difflib.get_close_matches(part, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the keys there are {', '.join(known)}"
+            raise ConfigError(f"{where}unknown key {part!r} {place}; {hint}")
+        section = typing.get_type_hints(section)[part]
 
 
 def to_yaml(cfg: RunConfig) -> str:

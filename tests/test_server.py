@@ -354,3 +354,31 @@ def test_once_shutting_down_new_work_gets_503_and_health_says_so(demo_db_root):
         assert refused.status_code == 503 and refused.json()["error"]["type"] == "shutting_down"
         health = httpx.get(running.url + "/health", timeout=10)
         assert health.status_code == 503 and health.json()["status"] == "shutting_down"
+
+
+def documented_score_request() -> str:
+    """The request body docs/REWARD_SERVER.md shows for POST /v1/score, as written there."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "REWARD_SERVER.md").read_text()
+    section = doc.split("### `POST /v1/score`", 1)[1]
+    return section.split("```json\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_documented_request_works_whatever_its_content_type(spider_root):
+    """`curl -d @request.json` sends form-urlencoded; a client may send none: the body is JSON regardless."""
+    with running_server(ServerConfig(spider_root / "databases", workers=1)) as running:
+        for content_type in (None, "application/x-www-form-urlencoded", "text/plain", "application/json; charset=utf-8"):
+            headers = {"content-type": content_type} if content_type else {}
+            response = httpx.post(running.url + "/v1/score", content=documented_score_request().encode(),
+                                  headers=headers, timeout=30)
+            assert response.status_code == 200, (content_type, response.text)
+            assert [(r["id"], r["status"], r["match"]) for r in response.json()["results"]] == [
+                (17, "ok", True), ("b", "error", False)]
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "application/json"])
+@pytest.mark.parametrize("body, words", [("items=1&db_id=retail", "not valid JSON"), ("", "the request body is empty")])
+def test_a_body_that_is_not_json_is_400_whatever_its_content_type(server, content_type, body, words):
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(server.url + "/v1/score", content=body.encode(), headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_json" and words in response.json()["error"]["message"]

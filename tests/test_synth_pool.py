@@ -89,7 +89,7 @@ def test_validation_drops_broken_gold_and_records_time(demo_db_root):
     assert all(e.meta["gold_time_s"] >= 0 and e.meta["gold_rows"] >= 0 for e in kept)
     reasons = {e.id: r for e, r in dropped}
     assert reasons["err"] == "gold error: no such column: nope"
-    assert reasons["dup"] == f"duplicate of {good[0].id}"
+    assert reasons["dup"] == f"duplicate: same database, question and gold SQL as {good[0].id}"
     assert reasons["big"] == "gold result too large"
     kept, dropped = validate_examples(pool[:4] + pool[5:6], demo_db_root, drop_empty=True)
     assert {e.id: r for e, r in dropped}["empty"] == "gold empty"

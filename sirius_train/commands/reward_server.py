@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         token: str = typer.Option(None, "--token", envvar="SIRIUS_REWARD_TOKEN", show_default=False,
                                   help="require 'Authorization: Bearer <token>' on /v1/* (health and metrics "
                                   "stay open)"),
-        chunk_size: int = typer.Option(32, "--chunk-size", help="items per message to a worker (advanced)"),
+        chunk_size: int = typer.Option(64, "--chunk-size", help="items per message to a worker (advanced)"),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
     ):
         """Serve the execution reward over HTTP: POST /v1/score, POST /v1/execute, GET /health, GET /metrics."""

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from sirius_train.commands import one_line_errors
 from sirius_train.progress import progress_bar, stderr
@@ -39,7 +40,7 @@ LLM_URL = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint that 
 LLM_MODEL = typer.Option(None, "--llm-model", help="model name at --llm-url")
 QUIET = typer.Option(False, "--quiet", help="no progress bars")
 ENGINE = typer.Option("hf", "--engine", help="with --model: hf (transformers generate) or vllm (offline vLLM "
-                                             "engine, CUDA; pip install 'sirius-sql[vllm]')")
+                                             "engine, CUDA; pip install 'sirius-sql\\[vllm]')")  # "\\[": rich would read [vllm] as markup
 TENSOR_PARALLEL = typer.Option(1, "--tensor-parallel", min=1, help="vllm: GPUs one engine spans (2-4 for 32B)")
 RAY_ACTORS = typer.Option(0, "--ray-actors", min=0, help="generate on N Ray actors, one engine each (ray.init: "
                                                          "RAY_ADDRESS or a local cluster); 0: in this process")
@@ -288,3 +289,9 @@ def register(app: typer.Typer) -> None:
                          f" ({b['unique']} distinct)" for b in report["bins"]},
                       **{f"dropped: {k}": v for k, v in report["dropped"].items()},
                       "new examples (mutations)": report["new_examples"]})
+        if not report["selected"]:  # exit 1: the command ran, but a pipeline must not train on an empty stage
+            dropped = ", ".join(f"{k}: {v}" for k, v in report["dropped"].items()) or "nothing rated"
+            stderr.print(f"[yellow]warning:[/] stage {stage} kept 0 of its budget of {budget} ({escape(dropped)}): "
+                         "nothing to train on. Give p = 0 examples a share (--keep-zero-share), estimate with more "
+                         "samples (--k), or use a pool closer to the policy's level", soft_wrap=True)
+            raise typer.Exit(1)

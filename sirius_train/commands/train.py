@@ -7,13 +7,8 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from sirius_train.commands import fail
 from sirius_train.progress import stderr
-
-
-def _fail(error: Exception) -> typer.Exit:
-    """Print `error` as one line (its text verbatim, not read as rich markup) and return the exit to raise."""
-    stderr.print(f"[red]error:[/] {escape(str(error))}")
-    return typer.Exit(2)
 
 
 def _load(config: Path | None, overrides: list[str], **forced):
@@ -25,7 +20,7 @@ def _load(config: Path | None, overrides: list[str], **forced):
 
         check_run_config(cfg)  # the warm start's DeepSpeed rules, before anything starts
     except (ConfigError, FileNotFoundError) as e:
-        raise _fail(e) from None
+        raise fail(e) from None
     return cfg
 
 
@@ -161,7 +156,7 @@ def register(app: typer.Typer) -> None:
         try:
             summary = run_schedule(cfg)
         except (ConfigError, TrainingHalted) as e:  # e.g. verl refusing a key; a run that diverged
-            raise _fail(e) from None
+            raise fail(e) from None
         print_summary(summary)
 
     @app.command()
