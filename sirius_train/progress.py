@@ -5,7 +5,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 stderr = Console(stderr=True)
 
@@ -16,6 +15,8 @@ def progress_bar(description: str, total: int, enabled: bool = True):
     if not enabled:
         yield lambda n=1: None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TimeRemainingColumn(), console=stderr, transient=False) as progress:
         task = progress.add_task(description, total=total)
