@@ -127,10 +127,6 @@ def test_rewards_imports_nothing_above_it():
     assert floor_violations("rewards", ("data_synthesis", "sirius_train")) == []
 
 
-def test_data_synthesis_imports_nothing_above_it():
-    assert floor_violations("data_synthesis", ("sirius_train",)) == []
-
-
 def test_the_run_config_imports_no_backend():
     imports = imports_of(ROOT / "sirius_train" / "config.py")
     backends = ("sirius_train.local", "sirius_train.verl_backend", "torch", "transformers", "deepspeed", "verl")
