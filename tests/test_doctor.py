@@ -110,3 +110,10 @@ def test_train_runs_the_cheap_checks_first_and_starts_nothing(tmp_path):
 def test_shipped_verl_configs_plan_within_80_gib(name):
     report = doctor_report(load_config(CONFIGS / name), gpu_gib=80)
     assert report.plans and all(p.fits for _, plans in report.plans for p in plans)
+
+
+def test_without_a_config_the_doctor_checks_this_machine_against_the_tested_set():
+    result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert "this machine against the verl tested set" in result.output and "tested set: ==0.9.1" in result.output
+    assert result.exit_code == (1 if " FAIL " in result.output else 0)  # here: 1 (no GPU, no vLLM)
+

@@ -26,17 +26,22 @@ class Report:
     shape_source: str  # where the model's sizes came from
     gpu_gib: float  # the GPU size the plans are for
     gpus_seen: bool  # measured here (else assumed)
+    subject: str  # what was checked, for the title
 
     @property
     def failed(self) -> bool:
         return any(c.status == "FAIL" for c in self.checks) or any(not p.fits for _, ps in self.plans or [] for p in ps)
 
 
-def doctor_report(cfg, gpu_gib: float | None = None) -> Report:
+def doctor_report(cfg, gpu_gib: float | None = None, environment_only: bool = False) -> Report:
     from sirius_train import preflight
     from sirius_train.verl_backend.plans import DEFAULT_GPU_GIB, model_shape, stage_memory
 
     gpus = preflight.query_gpus()
+    if environment_only:  # no config: this machine against the tested set
+        checks = [*preflight.gpu_checks(cfg, gpus), *preflight.version_checks(cfg, preflight.tested_set())]
+        return Report(checks, None, "", gpu_gib or DEFAULT_GPU_GIB, bool(gpus.memory_gib),
+                      "this machine against the verl tested set")
     found = model_shape(cfg)
     checks = [*preflight.gpu_checks(cfg, gpus), *preflight.cheap_checks(cfg), *preflight.budget_checks(cfg),
               preflight.disk_check(cfg, found[1] if found else None)]
@@ -45,11 +50,12 @@ def doctor_report(cfg, gpu_gib: float | None = None) -> Report:
     if cfg.backend == "verl" and not found:
         checks.append(preflight.Check("memory plan", "FAIL", f"no shape for {cfg.model.path}",
                                       "give model.path a config.json (the plan reads its sizes)"))
-    return Report(checks, plans, found[0] if found else "", planned, bool(gpus.memory_gib) and gpu_gib is None)
+    return Report(checks, plans, found[0] if found else "", planned, bool(gpus.memory_gib) and gpu_gib is None,
+                  f"{cfg.name} (backend: {cfg.backend})")
 
 
 def render(console: Console, cfg, report: Report) -> None:
-    table = Table(title=f"sirius doctor -- {cfg.name} (backend: {cfg.backend})")
+    table = Table(title=f"sirius doctor -- {report.subject}")
     for column in ("check", "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
     for c in report.checks:
@@ -86,7 +92,7 @@ def register(app: typer.Typer) -> None:
         from sirius_train.commands.train import _load
 
         cfg = _load(config, overrides or [], **({} if config else {"backend": "verl"}))
-        report = doctor_report(cfg, gpu_gib)
+        report = doctor_report(cfg, gpu_gib, environment_only=config is None)
         render(Console(), cfg, report)
         if report.failed:
             raise typer.Exit(1)
