@@ -239,6 +239,36 @@ def ray_checks(cfg: RunConfig) -> list[Check]:
                       "start it with scripts/ray_node.sh head, or fix verl.ray_address / RAY_ADDRESS")]
 
 
+def port_checks(cfg: RunConfig) -> list[Check]:
+    """The ports this node still has to bind for the run: a reward server not yet up, a Ray head not yet started."""
+    from rewards.identity import ABSENT, check_reward_server
+
+    wanted = {}
+    for url in [u.strip() for u in (cfg.reward.url or "").split(",") if u.strip()]:
+        parsed = urlparse(url)
+        if parsed.hostname in ("127.0.0.1", "localhost") and check_reward_server(url, None, 2.0).kind == ABSENT:
+            wanted[parsed.port or 80] = "reward server"
+    if cfg.backend == "verl" and cfg.verl.ray_address == "auto" and not os.environ.get("RAY_ADDRESS") \
+            and not Path("/tmp/ray/ray_current_cluster").is_file():
+        wanted.update({6379: "Ray head (scripts/ray_node.sh head)", 8265: "Ray dashboard"})
+    if not wanted:
+        return []
+    busy = {port: what for port, what in wanted.items() if not _free(port)}
+    if busy:
+        return [Check("ports", FAIL, "busy: " + ", ".join(f"{p} ({w})" for p, w in busy.items()),
+                      "stop what holds them, or move the service (SIRIUS_REWARD_PORT + reward.url, RAY_PORT)")]
+    return [Check("ports", OK, "free: " + ", ".join(f"{p} ({w})" for p, w in wanted.items()))]
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
 def budget_checks(cfg: RunConfig) -> list[Check]:
     """Dynamic sampling discards all-right and all-wrong groups, so a stage reads more prompts than it trains on."""
     checks = []
@@ -277,4 +307,4 @@ def disk_check(cfg: RunConfig, shape) -> Check:
 def cheap_checks(cfg: RunConfig) -> list[Check]:
     """What `sirius train` checks before it starts: no network beyond 127.0.0.1-style /health, no GPU query."""
     return [*version_checks(cfg, tested_set()), *model_checks(cfg), *database_checks(cfg), *reward_checks(cfg),
-            *ray_checks(cfg)]
+            *ray_checks(cfg), *port_checks(cfg)]

@@ -117,3 +117,16 @@ def test_without_a_config_the_doctor_checks_this_machine_against_the_tested_set(
     assert "this machine against the verl tested set" in result.output and "tested set: ==0.9.1" in result.output
     assert result.exit_code == (1 if " FAIL " in result.output else 0)  # here: 1 (no GPU, no vLLM)
 
+
+
+def test_ports_the_run_still_has_to_bind_must_be_free():
+    import socket
+
+    with socket.socket() as held:  # bound, not listening: nothing answers, yet nothing else can start there
+        held.bind(("0.0.0.0", 0))
+        port = held.getsockname()[1]
+        cfg = load_config(CONFIGS / "nano.yaml", [f"reward.url=http://127.0.0.1:{port}"])
+        (check,) = [c for c in doctor_report(cfg).checks if c.name == "ports"]
+        assert check.status == "FAIL" and f"{port} (reward server)" in check.detail
+    (check,) = [c for c in doctor_report(cfg).checks if c.name == "ports"]
+    assert check.status == "ok" and f"free: {port}" in check.detail
