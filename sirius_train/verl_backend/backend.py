@@ -103,8 +103,8 @@ class VerlBackend:
 
         self.cfg = cfg
         self.local = LocalBackend(cfg)
-
-        self._engines: tuple[tuple, object] | None = None  # ((model, max_model_len), RaySampler) kept between phases
+        self._engines: tuple[str, object] | None = None  # (model, RaySampler): kept from an evaluation to the
+        # next stage's pass rates, which use the same model; one max_model_len (the longest stage) for both
 
     # Building the base model and the SFT warm start run here, exactly as on the local backend.
     def prepare_base(self, data, out: Path) -> Path:
@@ -119,7 +119,7 @@ class VerlBackend:
         from data_synthesis.ray_sampler import estimate_calls
         from sirius_train.progress import progress_bar
 
-        sampler = self._sampler(model, stage.max_new_tokens, stage.name)
+        sampler = self._sampler(model, stage.name)
         per_call = max(1, ENGINE_CALL_SEQUENCES // stage.estimate_k)
         sampling = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens}
         prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
@@ -138,7 +138,7 @@ class VerlBackend:
 
         max_new = max(s.max_new_tokens for s in self.cfg.stages)
         items = self.local._eval_items(data)
-        sampler = self._sampler(model, max_new, stage)
+        sampler = self._sampler(model, stage)
         calls = estimate_calls([it.prompt for it in items], 1, batch_size=ENGINE_CALL_SEQUENCES, seed=self.cfg.seed,
                                temperature=0.0, top_p=1.0, max_new_tokens=max_new)
         sampler.expect(calls)
@@ -195,16 +195,16 @@ class VerlBackend:
         self._close_engines()
         self.local.close()
 
-    def _sampler(self, model: Path, max_new_tokens: int, phase: str):
+    def _sampler(self, model: Path, phase: str):
         """vLLM engines serving `model` on every GPU of the job, started once and kept for the next phase."""
-        key = (str(model), self.cfg.verl.max_prompt_length + max_new_tokens)
-        if self._engines is not None and self._engines[0] == key:
+        if self._engines is not None and self._engines[0] == str(model):
             return self._engines[1]
         self._close_engines()
         self._free_gpu()
+        longest = max(s.max_new_tokens for s in self.cfg.stages)
         self._require_fit(model, f"{phase}: vLLM pass rates / evaluation",
-                          lambda shape, gib: [estimation_plan(self.cfg, max_new_tokens, shape, gib)])
-        self._engines = (key, start_engines(self.cfg, model, key[1]))
+                          lambda shape, gib: [estimation_plan(self.cfg, longest, shape, gib)])
+        self._engines = (str(model), start_engines(self.cfg, model, self.cfg.verl.max_prompt_length + longest))
         return self._engines[1]
 
     def _close_engines(self) -> None:

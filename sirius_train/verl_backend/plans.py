@@ -68,7 +68,8 @@ def model_shape(cfg: RunConfig, model_path: str | Path | None = None) -> tuple[s
 
 def stage_memory(cfg: RunConfig, shape: ModelShape, gpu_gib: float) -> list[tuple[str, list[PhasePlan]]]:
     """Per stage: pass rates + eval (vLLM), rollout (vLLM in verl), update (FSDP)."""
-    return [(stage.name, [estimation_plan(cfg, stage.max_new_tokens, shape, gpu_gib),
+    longest = max(s.max_new_tokens for s in cfg.stages)  # the engines serve every stage at this length
+    return [(stage.name, [estimation_plan(cfg, longest, shape, gpu_gib),
                           *stage_plans(shape, stage_layout(cfg, stage, gpu_gib))]) for stage in cfg.stages]
 
 
