@@ -89,9 +89,9 @@ def register(app: typer.Typer) -> None:
                                       "or 80 GiB when none is visible)"),
     ):
         """Preflight: versions, GPUs, model, databases, reward server, Ray, disk, memory plan; each failure's fix."""
-        from sirius_train.commands.train import _load
+        from sirius_train.commands.train import read_config
 
-        cfg = _load(config, overrides or [], **({} if config else {"backend": "verl"}))
+        cfg = read_config(config, overrides or [], **({} if config else {"backend": "verl"}))
         report = doctor_report(cfg, gpu_gib, environment_only=config is None)
         render(Console(), cfg, report)
         if report.failed:

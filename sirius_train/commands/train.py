@@ -11,13 +11,22 @@ from sirius_train.commands import fail
 from sirius_train.progress import stderr
 
 
-def _load(config: Path | None, overrides: list[str], **forced):
+def read_config(config: Path | None, overrides: list[str], **forced):
+    """The run config, or exit 2 with its error (light: imports no backend; `sirius doctor` reads it so)."""
     from sirius_train.config import ConfigError, load_config
 
     try:
-        cfg = load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
-        from sirius_train.local.sft import check_run_config
+        return load_config(config, [*(overrides or []), *(f"{k}={v}" for k, v in forced.items() if v is not None)])
+    except (ConfigError, FileNotFoundError) as e:
+        raise fail(e) from None
 
+
+def _load(config: Path | None, overrides: list[str], **forced):
+    from sirius_train.config import ConfigError
+    from sirius_train.local.sft import check_run_config
+
+    cfg = read_config(config, overrides, **forced)
+    try:
         check_run_config(cfg)  # the warm start's DeepSpeed rules, before anything starts
     except (ConfigError, FileNotFoundError) as e:
         raise fail(e) from None
