@@ -110,9 +110,19 @@ def test_every_ray_node_checks_its_own_reward_server(demo_db_root):
 
 
 def test_pass_rates_and_evaluation_run_on_vllm_across_the_jobs_gpus():
+    from data_synthesis.vllm_sampler import VLLMSampler
+    from sirius_train.verl_backend.backend import engine_factory
     from sirius_train.verl_backend.plans import estimation_engine
 
     big = estimation_engine(load_config(NANO.parent / "sirius32b.yaml"))
     assert (big.engine, big.tensor_parallel, big.actors) == ("vLLM", 4, 8)  # 4 nodes x 8 GPUs / TP 4
+    make, actors, gpus = engine_factory(load_config(NANO.parent / "sirius32b.yaml"), Path("/m/32b"), 8192)
+    assert make.func is VLLMSampler and (actors, gpus) == (8, 4)  # each Ray actor reserves its 4 GPUs
+    assert {k: make.keywords[k] for k in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+                                          "distributed_executor_backend")} == {
+        "tensor_parallel_size": 4, "gpu_memory_utilization": 0.85, "max_model_len": 8192,
+        "distributed_executor_backend": "mp"}
     seven = estimation_engine(load_config(NANO.parent / "qwen7b_8gpu.yaml"))
     assert (seven.tensor_parallel, seven.actors) == (1, 8)
+    make, _, _ = engine_factory(load_config(NANO.parent / "qwen7b_8gpu.yaml"), Path("/m/7b"), 6144)
+    assert "distributed_executor_backend" not in make.keywords  # one GPU per engine

@@ -259,27 +259,34 @@ class VerlBackend:
             self.local.metrics.log({"stage": stage, "step": step, "backend": "verl", **by_step[step]})
 
 
-def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
-    """A `RaySampler` of `VLLMSampler`s, one per `rollout_tp` GPUs of the job, in the cluster verl will use."""
+def engine_factory(cfg: RunConfig, model: Path, max_model_len: int):
+    """(a picklable `VLLMSampler` factory, actors, GPUs per actor) for pass rates and evaluation (pure)."""
     from functools import partial
 
-    import ray
-
-    from data_synthesis.ray_sampler import RaySampler
     from data_synthesis.vllm_sampler import VLLMSampler
 
     v, engine = cfg.verl, estimation_engine(cfg)
-    if not ray.is_initialized():
-        env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), v.ray_address)
-        ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
-                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
-    options = {"distributed_executor_backend": "mp"} if engine.tensor_parallel > 1 else {}
+    options = {"distributed_executor_backend": "mp"} if engine.tensor_parallel > 1 else {}  # TP inside one actor
     make = partial(VLLMSampler, str(Path(model).resolve()), tensor_parallel_size=engine.tensor_parallel,
                    gpu_memory_utilization=engine.gpu_memory_utilization, max_model_len=max_model_len,
                    max_num_batched_tokens=v.max_num_batched_tokens, enforce_eager=v.enforce_eager, seed=cfg.seed,
                    **options)
-    stderr.print(f"[bold]pass rates / evaluation[/]: {engine.describe()}")
-    return RaySampler(make, engine.actors, num_gpus=engine.tensor_parallel)
+    return make, engine.actors, engine.tensor_parallel
+
+
+def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
+    """A `RaySampler` of `VLLMSampler`s, one per `rollout_tp` GPUs of the job, in the cluster verl will use."""
+    import ray
+
+    from data_synthesis.ray_sampler import RaySampler
+
+    if not ray.is_initialized():
+        env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), cfg.verl.ray_address)
+        ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
+                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
+    make, actors, gpus = engine_factory(cfg, model, max_model_len)
+    stderr.print(f"[bold]pass rates / evaluation[/]: {estimation_engine(cfg).describe()}")
+    return RaySampler(make, actors, num_gpus=gpus)
 
 
 def _gpu_gib() -> float:
