@@ -119,7 +119,8 @@ def test_verl_loads_the_actor_with_the_attention_the_config_names(attn, tmp_path
     build_nano_model(NanoModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=2), tokenizer).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    cfg = load_config(CONFIGS / "nano.yaml", ["backend=verl", f"model.path={tmp_path}", f"verl.attn_implementation={attn}"])
+    cfg = load_config(CONFIGS / "nano.yaml", ["backend=verl", f"model.path={tmp_path}",
+                                              f"verl.attn_implementation={attn}"])
     resolved = compose_verl_config(plan_run(cfg)[0].overrides)
     model = omega_conf_to_dataclass(resolved.actor_rollout_ref.model)  # verl's HFModelConfig, as its workers build it
     assert model.hf_config._attn_implementation == attn

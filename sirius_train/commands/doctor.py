@@ -75,7 +75,8 @@ def render(console: Console, cfg, report: Report) -> None:
         for plan in phases:
             parts = ", ".join(f"{name} {gib:.1f}" for name, gib in plan.parts)
             verdict = "[green]yes[/]" if plan.fits else "[bold red]NO[/]"
-            memory.add_row(stage, plan.phase, escape(parts), f"{plan.total_gib:.1f}", f"{verdict} ({escape(plan.note)})")
+            memory.add_row(stage, plan.phase, escape(parts), f"{plan.total_gib:.1f}",
+                           f"{verdict} ({escape(plan.note)})")
     console.print(memory)
     console.print(f"pass rates + evaluation engine: {estimation_engine(cfg).describe()}")
 
