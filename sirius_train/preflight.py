@@ -298,10 +298,18 @@ def disk_check(cfg: RunConfig, shape) -> Check:
     kept = [min(keep, -(-s.steps // (s.checkpoint_every or s.steps))) if keep else -(-s.steps // (s.checkpoint_every
             or s.steps)) for s in cfg.stages]
     need = disk_plan_gib(shape, kept)
-    detail = (f"{free:.0f} GiB free at {existing}; plan {need:.0f} GiB ({'+'.join(map(str, kept))} checkpoints "
-              f"of {checkpoint_gib(shape):.1f} GiB + merged models)")
+    detail = (f"{free:.0f} GiB free at {existing}; plan {_size(need)} ({'+'.join(map(str, kept))} checkpoints "
+              f"of {_size(checkpoint_gib(shape))} + merged models)")
     return Check("disk", OK if free >= need else FAIL, detail,
                  "" if free >= need else "point verl.checkpoint_dir at a larger volume, or lower verl.keep_checkpoints")
+
+
+def _size(gib: float) -> str:
+    """
+    >>> _size(369.4), _size(0.0123)
+    ('369 GiB', '12.6 MiB')
+    """
+    return f"{gib:.0f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
 
 
 def cheap_checks(cfg: RunConfig) -> list[Check]:
