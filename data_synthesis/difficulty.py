@@ -81,7 +81,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
              max_new_tokens: int = 512, seed: int = 0, batch_size: int = 8, compare: str = "bird",
              timeout_s: float = 5.0, workers: int = 0, policy: str = "",
              progress: Callable[[int], None] | None = None,
-             prompt_format: PromptFormat = PromptFormat()) -> list[Estimate]:
+             prompt_format: PromptFormat | None = None) -> list[Estimate]:
     """One `Estimate` per example (in input order): k answers sampled, scored by execution, cached.
 
     Args:
@@ -95,7 +95,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
         workers: sandboxed executor processes for scoring (0: in this process).
         policy: a tag that names the policy in the cache key (e.g. a checkpoint path and step).
         progress: called with the number of examples finished (cached ones included).
-        prompt_format: how prompts are rendered (the run's; it is part of the cache key via the prompt).
+        prompt_format: how prompts are rendered (the run's; it is part of the cache key via the prompt);
+            None: the format of the sampler's model card (`sampler.prompt_format`), else the default.
     """
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
@@ -105,6 +106,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
     if missing:
         raise UnknownDatabase(f"no database under {db_root} for db_id(s) {missing[:5]}: every example needs "
                               f"{db_root}/<db_id>/<db_id>.sqlite (check --db-root)")
+    prompt_format = prompt_format or getattr(sampler, "prompt_format", None) or PromptFormat()
     params = {"k": k, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
               "compare": compare, "policy": policy}
     prompts = [prompt_for(e, db_root, prompt_format) for e in examples]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from data_synthesis.chat_client import ChatClient
+from data_synthesis.model_card import card_format
 
 
 @runtime_checkable
@@ -31,7 +32,12 @@ class HFSampler:
         model: a local model folder, or a loaded `PreTrainedModel`.
         tokenizer: its tokenizer (loaded from `model` when that is a path and this is None).
         batch_size: sequences generated together (whole groups of a prompt's samples).
+
+    `prompt_format` is the format of the folder's `sirius.json` (None for a loaded model or a folder without
+    one); `difficulty.estimate` asks the model that way unless told otherwise.
     """
+
+    prompt_format = None
 
     def __init__(self, model, tokenizer=None, *, batch_size: int = 16, device: str | None = None):
         import torch
@@ -41,6 +47,7 @@ class HFSampler:
             path = Path(model)
             if not path.exists():
                 raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time)")
+            self.prompt_format = card_format(path)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from data_synthesis.extras import require
+from data_synthesis.model_card import card_format
 from data_synthesis.prompts import chat_text
 
 
@@ -44,6 +45,7 @@ class VLLMSampler:
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size}: need >= 1 GPU per engine")
         self._vllm = vllm
+        self.prompt_format = card_format(path)  # the folder's sirius.json, as HFSampler reads it
         self.llm = vllm.LLM(model=str(path), tensor_parallel_size=tensor_parallel_size,
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             **engine_options)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from data_synthesis.model_card import CARD_FILE, read_card, write_card
 from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
 from data_synthesis.records import Example, read_examples, write_examples
 from sirius_train.config import RunConfig, StageConfig, to_yaml
@@ -59,8 +60,36 @@ class RunData:
 
 
 def prompt_format(cfg: RunConfig) -> PromptFormat:
+    """The run's prompt format. A run that starts from a model with a card (one of ours) and leaves the
+    format at its defaults keeps asking the model the way it was trained."""
     system = SYSTEM_PROMPT if cfg.data.system_prompt is None else cfg.data.system_prompt
-    return PromptFormat(schema_style=cfg.data.schema_style, schema_samples=cfg.data.schema_samples, system=system)
+    fmt = PromptFormat(schema_style=cfg.data.schema_style, schema_samples=cfg.data.schema_samples, system=system)
+    card = read_card(cfg.model.path) if cfg.model.path and Path(cfg.model.path).is_dir() else None
+    if card is not None and fmt == PromptFormat() and card["prompt_format"] != fmt:
+        stderr.print(f"prompt format from {cfg.model.path}/{CARD_FILE} (set data.schema_style/schema_samples/"
+                     "system_prompt to override)")
+        return card["prompt_format"]
+    return fmt
+
+
+def write_phase_card(cfg: RunConfig, data: RunData, info: dict) -> None:
+    """`sirius.json` in a phase's model folder (one this run wrote: never into a user's `model.path`)."""
+    model = Path(info["model"])
+    if not model.is_dir() or (cfg.model.path and model == Path(cfg.model.path)) or (model / CARD_FILE).is_file():
+        return
+    stages = {s.name: s for s in cfg.stages}
+    stage = stages.get(info["phase"]) or (cfg.stages[0] if cfg.stages else None)
+    sampling = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens,
+                "estimate_k": stage.estimate_k} if stage else {}
+    sampling["eval_max_new_tokens"] = eval_max_new_tokens(cfg)
+    write_card(model, data.prompt_format, phase=info["phase"], run=str(cfg.run_dir), config=asdict(cfg),
+               figures={k: v for k, v in info.items() if k.startswith("eval_")}, compare=data.compare,
+               sampling=sampling)
+
+
+def eval_max_new_tokens(cfg: RunConfig) -> int:
+    """The answer length held-out evaluation allows: the longest any stage trains with."""
+    return max([s.max_new_tokens for s in cfg.stages] or [96])
 
 
 def prepare_data(cfg: RunConfig) -> RunData:
@@ -148,6 +177,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
     if (info := _done(base_dir)) is None:
         info = {"phase": "base", "model": str(backend.prepare_base(data, base_dir / "model"))}
         _mark_done(base_dir, info)
+    write_phase_card(cfg, data, info)
     model = Path(info["model"])
 
     if cfg.sft.enabled:
@@ -158,6 +188,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
             figures.update(backend.evaluate(model, data, "sft"))
             info = {"phase": "sft", "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
             _mark_done(sft_dir, info)
+        write_phase_card(cfg, data, info)
         model = Path(info["model"])
         summary["phases"].append(info)
         stderr.print(f"after SFT: held-out EX = {info['eval_exec_acc']:.1%}")
@@ -197,6 +228,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
                     "pool_mean_pass_rate": sum(pool_rates) / max(len(pool_rates), 1),
                     "curriculum_report": curriculum.report, **figures}
             _mark_done(stage_dir, info)
+        write_phase_card(cfg, data, info)
         model = Path(info["model"])
         summary["phases"].append(info)
         stderr.print(f"after {info['phase']}: held-out EX = {info['eval_exec_acc']:.1%}")

@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from sirius_train.commands import one_line_errors
+from sirius_train.commands.prompt_options import CONFIG, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT, resolve_format
 from sirius_train.progress import progress_bar, stderr
 
 # Options shared by `estimate` and `curriculum` (one declaration each; typer reuses them as defaults).
@@ -205,6 +206,8 @@ def register(app: typer.Typer) -> None:
         cache: Path = typer.Option(None, "--cache", help="resume cache (default: <out>.cache.jsonl)"),
         engine: str = ENGINE, tensor_parallel: int = TENSOR_PARALLEL, ray_actors: int = RAY_ACTORS,
         gpus_per_actor: float = GPUS_PER_ACTOR,
+        config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
+        system_prompt: str = SYSTEM_PROMPT,
         quiet: bool = QUIET,
     ):
         """Pass rate of every pool example under a policy (k samples, execution reward); resumable."""
@@ -217,8 +220,10 @@ def register(app: typer.Typer) -> None:
             factory = sampler_factory(model, url, served_model, batch_size * k, engine, tensor_parallel)
             cache = cache or out.with_name(out.name + ".cache.jsonl")
             stderr.print(f"estimating {len(examples)} examples x k={k} (cache: {cache})")
+            fmt = resolve_format(model or url, config, schema_style, schema_samples, system_prompt)
             options = dict(cache_path=cache, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                           seed=seed, batch_size=batch_size, compare=compare, workers=workers, policy=policy)
+                           seed=seed, batch_size=batch_size, compare=compare, workers=workers, policy=policy,
+                           prompt_format=fmt)
             if ray_actors and url is not None:
                 raise ValueError("--ray-actors fans out local engines (--model); an endpoint (--url) serves "
                                  "concurrent requests itself")
@@ -254,6 +259,8 @@ def register(app: typer.Typer) -> None:
         temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
         batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
         llm_url: str = LLM_URL, llm_model: str = LLM_MODEL,
+        config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
+        system_prompt: str = SYSTEM_PROMPT,
         quiet: bool = QUIET,
     ):
         """Smooth the pool's difficulty histogram into one stage (verl parquet, report, histogram)."""
@@ -263,9 +270,10 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.smoothing import SmoothingConfig
 
         with one_line_errors():
-            config = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
+            smoothing = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
             examples = read_examples(pool)
             pass_rates = read_rates(rates)
+            fmt = resolve_format(model or url, config, schema_style, schema_samples, system_prompt)
             has_sampler = model is not None or url is not None
             fill = has_sampler if fill is None else fill
             filler = None
@@ -276,12 +284,13 @@ def register(app: typer.Typer) -> None:
                 filler = MutationFiller(db_root, make_sampler(model, url, served_model, batch_size * k), k, seed=seed,
                                         writer=make_writer(llm_url, llm_model), cache_path=cache,
                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                        batch_size=batch_size, compare=compare, workers=workers, policy=policy)
+                                        batch_size=batch_size, compare=compare, workers=workers, policy=policy,
+                                        prompt_format=fmt)
             stderr.print(f"stage {stage}: budget {budget}, {bins} bins, max {max_repeats} repeats, "
                          f"p = 0 share {keep_zero_share}, gap filling {'on' if filler else 'off'}")
-            result = build_curriculum(examples, pass_rates, budget, config=config, seed=seed, filler=filler,
+            result = build_curriculum(examples, pass_rates, budget, config=smoothing, seed=seed, filler=filler,
                                       max_fill_rounds=fill_rounds)
-            paths = write_stage(result, out_dir, stage, db_root, config=config, compare=compare)
+            paths = write_stage(result, out_dir, stage, db_root, config=smoothing, compare=compare, prompt_format=fmt)
         report = result.report
         print_counts(f"stage {stage}: {report['selected']} of budget {budget} "
                      f"({report['unique_selected']} distinct) -> {paths['parquet']}",

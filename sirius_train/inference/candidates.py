@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from data_synthesis.prompts import render_prompt
+from data_synthesis.prompts import PromptFormat, render_prompt
 from data_synthesis.samplers import Sampler
 from rewards.extract import extract_sql
 from rewards.outcome import Outcome
@@ -54,6 +54,7 @@ class Question:
     question: str
     schema_text: str
     evidence: str | None = None
+    db_path: str | None = None  # lets a generator with its own `PromptFormat` render the schema its way
 
 
 @dataclass
@@ -101,14 +102,17 @@ class Generator:
     top_p: float = 0.95
     max_new_tokens: int = 512
     few_shot: tuple[Example, ...] = ()
+    prompt_format: PromptFormat | None = None  # the specialist's training format (None: the shared default prompt)
 
     def __post_init__(self):
         if self.n < 1:
             raise ValueError(f"generator {self.name!r}: n must be >= 1, got {self.n}")
 
 
-def build_prompt(question: Question, few_shot: tuple[Example, ...] = (), feedback: str | None = None) -> list[dict]:
-    """The chat for one question: the shared prompt, preceded by worked examples, followed by feedback.
+def build_prompt(question: Question, few_shot: tuple[Example, ...] = (), feedback: str | None = None,
+                 prompt_format: PromptFormat | None = None) -> list[dict]:
+    """The chat for one question: the shared prompt (or `prompt_format`'s, the one a specialist was trained
+    on), preceded by worked examples, followed by feedback.
 
     Example:
         >>> q = Question(1, "shop", "How many items?", "CREATE TABLE item (id INTEGER);")
@@ -117,7 +121,10 @@ def build_prompt(question: Question, few_shot: tuple[Example, ...] = (), feedbac
         >>> build_prompt(q, feedback="SELECT n FROM item failed: no such column: n")[-1]["content"].splitlines()[-1]
         'SELECT n FROM item failed: no such column: n'
     """
-    messages = render_prompt(question.question, question.schema_text, question.evidence)
+    if prompt_format is not None and question.db_path is not None:
+        messages = prompt_format.render(question.question, question.db_path, question.evidence, question.db_id)
+    else:
+        messages = render_prompt(question.question, question.schema_text, question.evidence)
     system, user = messages[:-1], messages[-1]
     shots: list[dict] = []
     for example in few_shot:
@@ -136,7 +143,8 @@ def generate(generators: list[Generator], questions: list[Question], seed: int |
     """
     pools: list[list[Candidate]] = [[] for _ in questions]
     for g, generator in enumerate(generators):
-        prompts = [build_prompt(q, generator.few_shot, (feedback or {}).get(i)) for i, q in enumerate(questions)]
+        prompts = [build_prompt(q, generator.few_shot, (feedback or {}).get(i), generator.prompt_format)
+                   for i, q in enumerate(questions)]
         answers = generator.sampler.sample(prompts, generator.n, temperature=generator.temperature,
                                            top_p=generator.top_p, max_new_tokens=generator.max_new_tokens,
                                            seed=None if seed is None else seed + 1000 * g)

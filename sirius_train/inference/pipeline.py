@@ -26,8 +26,9 @@ JUDGE_CONCURRENCY = 8  # questions judged at once
 def make_task(db_root: Path, id, db_id: str, question: str, candidates: list[Candidate],
               evidence: str | None = None) -> Task:
     """A task with the database's schema read once (raises UnknownDatabase for a bad db_id)."""
-    schema = read_schema(resolve_db_path(db_root, db_id), db_id=db_id)
-    return Task(Question(id, db_id, question, schema.to_text(), evidence), schema, candidates)
+    path = resolve_db_path(db_root, db_id)
+    schema = read_schema(path, db_id=db_id)
+    return Task(Question(id, db_id, question, schema.to_text(), evidence, str(path)), schema, candidates)
 
 
 @dataclass
