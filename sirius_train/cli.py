@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sirius_train.commands import demo, doctor, evaluate, infer, reward_server, score, select, synth, train
+from sirius_train.commands import benchmark, demo, doctor, evaluate, infer, reward_server, score, select, synth, train
 
 app = typer.Typer(
     name="sirius",
@@ -14,7 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 
-for module in (train, demo, score, reward_server, synth, select, infer, evaluate, doctor):
+for module in (train, demo, score, reward_server, synth, select, infer, evaluate, doctor, benchmark):
     module.register(app)
 
 

@@ -201,6 +201,14 @@ class VerlConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out figures beyond greedy EX (the figures of `sirius benchmark`, on the run's own eval set)."""
+
+    k: int = 0  # samples per held-out question for eval_pass_at_k / eval_maj_at_k (0: off; costs k answers each)
+    temperature: float = 1.0  # their sampling temperature (the stages' is the one RL can sharpen)
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     seed: int = 0
@@ -215,6 +223,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -226,6 +235,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     def bad(key: str, value, rule: str):
         raise ConfigError(f"{key}={value!r}: {rule}")
 
+    if cfg.eval.k < 0 or cfg.eval.temperature <= 0:
+        bad("eval", (cfg.eval.k, cfg.eval.temperature), "eval.k >= 0 (0: off) and eval.temperature > 0")
     if cfg.backend not in ("local", "verl"):
         bad("backend", cfg.backend, "use 'local' (one process, CPU or one GPU) or 'verl' (Ray cluster)")
     if cfg.data.compare not in ("bird", "spider"):

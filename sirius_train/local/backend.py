@@ -179,7 +179,8 @@ class LocalBackend:
         from sirius_train.local.evaluate import evaluate_policy
 
         return evaluate_policy(model, tokenizer, items, self.executor, compare=data.compare,
-                               max_new_tokens=max_new_tokens)
+                               max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
+                               temperature=self.cfg.eval.temperature, seed=self.cfg.seed)
 
     def close(self) -> None:
         if self._executor is not None:

@@ -15,8 +15,14 @@ from data_synthesis.generation import generate
 
 
 def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str = "bird",
-                    max_new_tokens: int = 96, batch_size: int = 64, return_predictions: bool = False) -> dict:
-    """`eval_exec_acc` (and per-database accuracy) of greedy answers to `items` (TrainItem-like)."""
+                    max_new_tokens: int = 96, batch_size: int = 64, return_predictions: bool = False,
+                    k: int = 0, temperature: float = 1.0, seed: int = 0) -> dict:
+    """`eval_exec_acc` (and per-database accuracy) of greedy answers to `items` (TrainItem-like).
+
+    With `k`: also k samples per item at `temperature` -> `eval_pass_at_k`, `eval_maj_at_k`,
+    `eval_mean_sampled_ex`, `eval_headroom` (the figures of `sirius benchmark`), drawn from a forked RNG so
+    evaluating never moves the training's random stream.
+    """
     if not items:
         raise ValueError("no evaluation items")
     roll = generate(model, tokenizer, [it.prompt for it in items], n=1, temperature=0.0,
@@ -39,7 +45,30 @@ def score_answers(items, texts: list[str], executor: Executor, *, compare: str =
         "eval_status": dict(Counter(r.pred_status for r in results)),
         "eval_per_db": {db: sum(v) / len(v) for db, v in sorted(per_db.items())},
     }
+    if k:
+        out.update(_sampled_figures(model, tokenizer, items, executor, results, compare=compare, k=k,
+                                    temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                    seed=seed))
     if return_predictions:
         out["predictions"] = [{"db_id": it.db_id, "gold_sql": it.gold_sql, "pred_sql": p, "match": r.match}
                               for it, p, r in zip(items, preds, results)]
     return out
+
+
+def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, compare: str, k: int, temperature: float,
+                     max_new_tokens: int, batch_size: int, seed: int) -> dict:
+    import torch
+
+    from sirius_train.benchmark import score_samples
+    from sirius_train.benchmark_figures import QuestionScore, figures
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        roll = generate(model, tokenizer, [it.prompt for it in items], n=k, temperature=temperature,
+                        max_new_tokens=max_new_tokens, batch_size=batch_size)
+    sample_sql = [[extract_sql(t) for t in roll.texts[i * k:(i + 1) * k]] for i in range(len(items))]
+    scored = score_samples(executor, [(it.db_id, it.gold_sql) for it in items], sample_sql, compare, k)
+    f = figures([QuestionScore(i, it.db_id, "", g.match, tuple(m), maj)
+                 for i, (it, g, (m, maj)) in enumerate(zip(items, greedy, scored))], k)
+    return {"eval_k": k, "eval_temperature": temperature, "eval_mean_sampled_ex": f["mean_sampled_ex"],
+            "eval_maj_at_k": f["maj_at_k"], "eval_pass_at_k": f["pass_at_k"], "eval_headroom": f["headroom"]}

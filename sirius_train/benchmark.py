@@ -1,0 +1,352 @@
+"""`sirius benchmark`: evaluate checkpoints end to end with the prompt, sampler and scorer of training.
+
+For each model: the questions rendered in the model's own training format (its `sirius.json`, or
+`--config`), one greedy answer and n sampled ones per question through the same samplers training uses
+(HF generate with one prefill per prompt, vLLM, or any OpenAI-compatible server), every answer scored by
+the reward's scorer (`rewards.executor`), the majority vote over execution results by the selector's own
+`majority_vote`, and with `lifecycle` the full candidates -> lifecycle -> hybrid selector path. Figures:
+`benchmark_figures`. Work is cached per chunk of questions, so a killed benchmark resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from data_synthesis.prompts import PromptFormat
+from sirius_train.benchmark_figures import QuestionScore, breakdown
+
+ENGINES = ("hf", "vllm", "openai")
+FORMATS = ("auto", "jsonl", "spider", "bird")
+BUCKET_ORDER = ("easy", "medium", "hard", "extra", "simple", "moderate", "challenging")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+class BenchmarkError(ValueError):
+    """Input the benchmark cannot run on; the message names what and the fix."""
+
+
+@dataclass(frozen=True)
+class BenchQuestion:
+    id: object
+    db_id: str
+    question: str
+    gold_sql: str
+    evidence: str
+    bucket: str
+
+
+@dataclass
+class ModelSpec:
+    """One model to benchmark and how to ask it."""
+
+    label: str
+    source: str  # a local folder or an OpenAI-compatible base URL
+    engine: str
+    prompt_format: PromptFormat
+    temperature: float
+    max_new_tokens: int
+    served_model: str | None = None
+    card: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def load_questions(path: Path, fmt: str = "auto") -> list[BenchQuestion]:
+    """Questions from our JSONL, Spider `dev.json` or BIRD `dev.json` (evidence and difficulty kept);
+    buckets: the dataset's difficulty, else Spider's hardness of the gold SQL."""
+    from data_synthesis.loaders import DatasetError, load_dataset
+    from sirius_train.hardness import spider_hardness
+
+    if fmt not in FORMATS:
+        raise BenchmarkError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if fmt == "jsonl" and path.suffix != ".jsonl":
+        raise BenchmarkError(f"--format jsonl: {path} is not a .jsonl file")
+    try:
+        examples = load_dataset(path)
+    except DatasetError as e:
+        raise BenchmarkError(str(e)) from None
+    if fmt in ("spider", "bird") and any(e.source != fmt for e in examples):
+        raise BenchmarkError(f"--format {fmt}: {path} reads as {examples[0].source if examples else 'empty'}")
+    if not examples:
+        raise BenchmarkError(f"{path}: no questions")
+    return [BenchQuestion(e.id, e.db_id, e.question, e.gold_sql, e.evidence, e.level or spider_hardness(e.gold_sql))
+            for e in examples]
+
+
+def check_databases(questions: list[BenchQuestion], db_root: Path) -> None:
+    from rewards.databases import UnknownDatabase, resolve_db_path
+
+    missing = {}
+    for q in questions:
+        try:
+            resolve_db_path(db_root, q.db_id)
+        except UnknownDatabase:
+            missing.setdefault(q.db_id, q.id)
+    if missing:
+        first = ", ".join(f"{db} (question {qid})" for db, qid in list(missing.items())[:5])
+        raise BenchmarkError(f"no database under {db_root} for {first}: every question needs "
+                             f"{db_root}/<db_id>/<db_id>.sqlite (check --db-root)")
+
+
+def run_phases(run_dir: Path) -> list[tuple[str, Path]]:
+    """(phase, model folder) of every finished phase of a run, in schedule order (base, sft, stage1, ...)."""
+    if not (run_dir / "config.yaml").is_file():
+        raise BenchmarkError(f"--run {run_dir}: not a run folder (no config.yaml)")
+    phases = []
+    for marker in sorted(run_dir.glob("*/DONE.json"), key=lambda p: _phase_order(p.parent.name)):
+        info = json.loads(marker.read_text())
+        phases.append((info["phase"], Path(info["model"])))
+    if not phases:
+        raise BenchmarkError(f"--run {run_dir}: no finished phase (no */DONE.json)")
+    return phases
+
+
+def _phase_order(name: str) -> tuple:
+    fixed = {"base": 0, "sft": 1}
+    return (fixed.get(name, 2), int(name[5:]) if name.startswith("stage") and name[5:].isdigit() else 0, name)
+
+
+def check_model_folder(path: Path) -> None:
+    if not path.is_dir():
+        raise BenchmarkError(f"model folder not found: {path} (models are never downloaded at run time)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES) and not list(path.glob("*.gguf")):
+        raise BenchmarkError(f"model folder {path} has no tokenizer ({' / '.join(TOKENIZER_FILES)}): save the "
+                             "tokenizer beside the weights (tokenizer.save_pretrained)")
+
+
+def make_sampler(spec: ModelSpec, batch_size: int):
+    from data_synthesis.samplers import HFSampler, OpenAISampler
+
+    if spec.engine == "openai":
+        if not spec.served_model:
+            raise BenchmarkError(f"{spec.source} is a server: also give --served-model (the name it serves)")
+        return OpenAISampler(spec.source, spec.served_model)
+    if spec.engine == "vllm":
+        from data_synthesis.vllm_sampler import VLLMSampler
+
+        return VLLMSampler(spec.source)
+    return HFSampler(spec.source, batch_size=batch_size)
+
+
+@dataclass(frozen=True)
+class Settings:
+    k: int
+    n: int
+    seed: int
+    compare: str
+    lifecycle: bool
+    batch_size: int  # questions per chunk (the greedy batch; the unit of resumption)
+    top_p: float = 1.0
+
+
+def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, settings: Settings) -> Path:
+    """One cache file per (model, questions, prompt, sampling): a changed setting never reuses old answers."""
+    key = json.dumps({"source": spec.source, "served": spec.served_model, "engine": spec.engine,
+                      "format": asdict(spec.prompt_format), "temperature": spec.temperature,
+                      "max_new_tokens": spec.max_new_tokens, "questions": str(questions_file.resolve()),
+                      **asdict(settings)}, sort_keys=True)
+    return out / f"{name}.cache" / f"{spec.label}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
+
+
+def benchmark_model(spec: ModelSpec, questions: list[BenchQuestion], db_root: Path, settings: Settings, *,
+                    cache: Path, executor, advance=lambda n: None) -> list[dict]:
+    """One row per question (greedy SQL, sample matches, majority, selected), from the cache where it has them."""
+    done = _read_cache(cache)
+    rows: dict[object, dict] = {}
+    sampler = None
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with cache.open("a") as sink:
+        for start in range(0, len(questions), settings.batch_size):
+            chunk = questions[start:start + settings.batch_size]
+            if all(str(q.id) in done for q in chunk):
+                rows.update({q.id: done[str(q.id)] for q in chunk})
+                advance(len(chunk))
+                continue
+            sampler = sampler or make_sampler(spec, settings.batch_size)
+            fresh = _run_chunk(spec, sampler, chunk, db_root, settings, executor, seed=settings.seed + start)
+            for row in fresh:
+                sink.write(json.dumps(row, default=str) + "\n")
+            sink.flush()
+            rows.update({q.id: r for q, r in zip(chunk, fresh)})
+            advance(len(chunk))
+    return [rows[q.id] for q in questions]
+
+
+def _read_cache(path: Path) -> dict[str, dict]:
+    if not path.is_file():
+        return {}
+    data = path.read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]  # a torn last line (a kill mid-write) is dropped
+    if len(complete) != len(data):
+        with path.open("r+b") as f:
+            f.truncate(len(complete))
+    return {str(r["id"]): r for r in map(json.loads, complete.decode().splitlines()) if r}
+
+
+def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Path, settings: Settings, executor,
+               seed: int) -> list[dict]:
+    from rewards.databases import resolve_db_path
+    from rewards.extract import extract_sql
+    from rewards.scoring import ScoreItem
+
+    prompts = [spec.prompt_format.render(q.question, resolve_db_path(db_root, q.db_id), q.evidence or None, q.db_id)
+               for q in chunk]
+    greedy = [texts[0] for texts in sampler.sample(prompts, 1, temperature=0.0, max_new_tokens=spec.max_new_tokens,
+                                                   seed=seed)]
+    sampled = sampler.sample(prompts, settings.n, temperature=spec.temperature, top_p=settings.top_p,
+                             max_new_tokens=spec.max_new_tokens, seed=seed)
+    greedy_sql = [extract_sql(t) for t in greedy]
+    sample_sql = [[extract_sql(t) for t in texts] for texts in sampled]
+    greedy_match = [r.match for r in executor.score([ScoreItem(q.db_id, q.gold_sql, sql, settings.compare)
+                                                     for q, sql in zip(chunk, greedy_sql)])]
+    scored = score_samples(executor, [(q.db_id, q.gold_sql) for q in chunk], sample_sql, settings.compare,
+                           settings.k)
+    rows = [{"id": q.id, "greedy_sql": g_sql, "greedy": g, "samples": matches, "majority": majority}
+            for q, g_sql, g, (matches, majority) in zip(chunk, greedy_sql, greedy_match, scored)]
+    if settings.lifecycle:
+        for row, sql in zip(rows, _selected(chunk, sampled, db_root, settings, executor)):
+            row["selected_sql"] = sql
+        picks = [ScoreItem(q.db_id, q.gold_sql, r["selected_sql"], settings.compare) for q, r in zip(chunk, rows)]
+        for row, result in zip(rows, executor.score(picks)):
+            row["selected"] = result.match
+    return rows
+
+
+def score_samples(executor, golds: list[tuple[str, str]], sample_sql: list[list[str | None]], compare: str,
+                  k: int) -> list[tuple[list[bool], bool]]:
+    """Per question (db_id, gold SQL): each sample's match by the reward's scorer, and whether the
+    selector's `majority_vote` over the execution results of the first k samples picks a correct one."""
+    from rewards.outcome import Status
+    from rewards.scoring import ScoreItem
+    from sirius_train.inference.selector import Ballot, majority_vote
+
+    matches = iter(r.match for r in executor.score([ScoreItem(db, gold, sql, compare)
+                                                    for (db, gold), sqls in zip(golds, sample_sql) for sql in sqls]))
+    outcomes = iter(executor.execute_many([(db, sql) for (db, _), sqls in zip(golds, sample_sql)
+                                           for sql in sqls[:k] if sql is not None]))
+    out = []
+    for sqls in sample_sql:
+        mine = [next(matches) for _ in sqls]
+        ballots = []
+        for sql in sqls[:k]:
+            outcome = None if sql is None else next(outcomes)
+            ballots.append(Ballot("sample", "", Status.REJECTED) if outcome is None else
+                           Ballot("sample", sql, outcome.status, outcome.rows))
+        pick = majority_vote(ballots, compare).index
+        out.append((mine, pick is not None and mine[pick]))
+    return out
+
+
+def _selected(chunk, sampled, db_root: Path, settings: Settings, executor) -> list[str | None]:
+    """The hybrid selector's pick after the lifecycle (model-free repair), with the samples as candidates."""
+    from rewards.extract import extract_sql
+    from sirius_train.inference.candidates import Candidate
+    from sirius_train.inference.lifecycle import Lifecycle
+    from sirius_train.inference.pipeline import answer, make_task
+    from sirius_train.inference.selector import SelectorConfig
+
+    tasks = [make_task(db_root, q.id, q.db_id, q.question,
+                       [Candidate("specialist", j, extract_sql(t), raw=t) for j, t in enumerate(texts[:settings.k])],
+                       q.evidence or None) for q, texts in zip(chunk, sampled)]
+    Lifecycle(executor).run(tasks)
+    return [a.pick()["sql"] for a in answer(tasks, SelectorConfig(compare=settings.compare), "hybrid")]
+
+
+def scores(questions: list[BenchQuestion], rows: list[dict]) -> list[QuestionScore]:
+    return [QuestionScore(q.id, q.db_id, q.bucket, bool(r["greedy"]), tuple(bool(s) for s in r["samples"]),
+                          bool(r["majority"]), None if "selected" not in r else bool(r["selected"]))
+            for q, r in zip(questions, rows)]
+
+
+def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: float) -> dict:
+    report = {"model": spec.label, "source": spec.source, "engine": spec.engine,
+              "prompt_format": asdict(spec.prompt_format), "temperature": spec.temperature,
+              "max_new_tokens": spec.max_new_tokens, "seconds": round(seconds, 1),
+              "questions_per_s": round(len(questions) / seconds, 3) if seconds > 0 else None,
+              **breakdown(scores(questions, rows), settings.k, BUCKET_ORDER)}
+    if spec.card:
+        report["phase"] = spec.card.get("phase")
+        report["run_eval_exec_acc"] = spec.card.get("figures", {}).get("eval_exec_acc")
+    return report
+
+
+def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows: list[dict]) -> list[Path]:
+    """Greedy answers as Spider's `pred.sql` (one query a line) and BIRD's `predict_dev.json`."""
+    from sirius_train.evaluation import BIRD_SEPARATOR
+
+    def one_line(sql: str | None) -> str:
+        return " ".join((sql or "").split())
+
+    spider = out / f"{stem}.pred.sql"
+    spider.write_text("".join(one_line(r["greedy_sql"]) + "\n" for r in rows))
+    bird = out / f"{stem}.predict_dev.json"
+    bird.write_text(json.dumps({str(i): one_line(r["greedy_sql"]) + BIRD_SEPARATOR + q.db_id
+                                for i, (q, r) in enumerate(zip(questions, rows))}, indent=2))
+    return [spider, bird]
+
+
+SHOWN = ("greedy_ex", "mean_sampled_ex", "maj_at_k", "pass_at_k", "headroom", "selected_ex")
+
+
+def markdown(report: dict) -> str:
+    """The overall table (one row per model), then greedy EX / pass@k per bucket and per database."""
+    k = report["k"]
+    names = {"maj_at_k": f"maj@{k}", "pass_at_k": f"pass@{k}"}
+    shown = [f for f in SHOWN if any(f in m["overall"] for m in report["models"])]
+    lines = [f"# Benchmark {report['name']}: {report['n']} questions from {report['questions']}",
+             "", f"greedy and n={report['n_samples']} samples (temperature per model below); compare={report['compare']}",
+             "", "| model | T | " + " | ".join(names.get(f, f) for f in shown) + " | run eval_exec_acc | q/s |",
+             "|---|---:|" + "---:|" * (len(shown) + 2)]
+    for m in report["models"]:
+        run_acc = m.get("run_eval_exec_acc")
+        lines.append(f"| {m['model']} | {m['temperature']:g} | " + " | ".join(
+            f"{100 * m['overall'][f]:.1f}%" if f in m["overall"] else "" for f in shown)
+            + f" | {'' if run_acc is None else f'{100 * run_acc:.1f}%'} | {m['questions_per_s']} |")
+    for title, key in (("Difficulty", "buckets"), ("Database", "databases")):
+        groups = list(dict.fromkeys(g for m in report["models"] for g in m[key]))
+        lines += ["", f"| {title} | n | " + " | ".join(f"{m['model']} greedy / pass@{k}" for m in report["models"])
+                  + " |", "|---|---:|" + "---:|" * len(report["models"])]
+        for g in groups:
+            cells = [f"{100 * m[key][g]['greedy_ex']:.1f}% / {100 * m[key][g]['pass_at_k']:.1f}%"
+                     if g in m[key] else "" for m in report["models"]]
+            n = next(m[key][g]["n"] for m in report["models"] if g in m[key])
+            lines.append(f"| {g} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> Path:
+    """Bars per figure (models side by side), and greedy EX / pass@k per bucket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = report["models"]
+    shown = [f for f in SHOWN if f != "headroom" and any(f in m["overall"] for m in models)]
+    buckets = list(dict.fromkeys(b for m in models for b in m["buckets"]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.8 / max(len(models), 1)
+    for j, m in enumerate(models):
+        axes[0].bar([i + j * width for i in range(len(shown))], [m["overall"].get(f, 0) for f in shown], width,
+                    label=m["model"])
+        axes[1].bar([i + j * width for i in range(len(buckets))],
+                    [m["buckets"].get(b, {}).get("pass_at_k", 0) for b in buckets], width, alpha=0.35,
+                    color=f"C{j}")
+        axes[1].bar([i + j * width for i in range(len(buckets))],
+                    [m["buckets"].get(b, {}).get("greedy_ex", 0) for b in buckets], width, color=f"C{j}",
+                    label=m["model"])
+    k = report["k"]
+    axes[0].set_xticks([i + 0.4 - width / 2 for i in range(len(shown))],
+                       [f.replace("_at_k", f"@{k}") for f in shown])
+    axes[0].set_title("overall")
+    axes[1].set_xticks([i + 0.4 - width / 2 for i in range(len(buckets))], buckets)
+    axes[1].set_title(f"per bucket: greedy EX (solid), pass@{k} (light)")
+    for ax in axes:
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
