@@ -27,7 +27,13 @@ def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str
         raise ValueError("no evaluation items")
     roll = generate(model, tokenizer, [it.prompt for it in items], n=1, temperature=0.0,
                     max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions)
+    out = score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions or k > 0)
+    if k:
+        greedy = [p["match"] for p in (out["predictions"] if return_predictions else out.pop("predictions"))]
+        out.update(_sampled_figures(model, tokenizer, items, executor, greedy, compare=compare, k=k,
+                                    temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                    seed=seed))
+    return out
 
 
 def score_answers(items, texts: list[str], executor: Executor, *, compare: str = "bird",
@@ -45,10 +51,6 @@ def score_answers(items, texts: list[str], executor: Executor, *, compare: str =
         "eval_status": dict(Counter(r.pred_status for r in results)),
         "eval_per_db": {db: sum(v) / len(v) for db, v in sorted(per_db.items())},
     }
-    if k:
-        out.update(_sampled_figures(model, tokenizer, items, executor, results, compare=compare, k=k,
-                                    temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                    seed=seed))
     if return_predictions:
         out["predictions"] = [{"db_id": it.db_id, "gold_sql": it.gold_sql, "pred_sql": p, "match": r.match}
                               for it, p, r in zip(items, preds, results)]
@@ -68,7 +70,7 @@ def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, com
                         max_new_tokens=max_new_tokens, batch_size=batch_size)
     sample_sql = [[extract_sql(t) for t in roll.texts[i * k:(i + 1) * k]] for i in range(len(items))]
     scored = score_samples(executor, [(it.db_id, it.gold_sql) for it in items], sample_sql, compare, k)
-    f = figures([QuestionScore(i, it.db_id, "", g.match, tuple(m), maj)
+    f = figures([QuestionScore(i, it.db_id, "", g, tuple(m), maj)
                  for i, (it, g, (m, maj)) in enumerate(zip(items, greedy, scored))], k)
     return {"eval_k": k, "eval_temperature": temperature, "eval_mean_sampled_ex": f["mean_sampled_ex"],
             "eval_maj_at_k": f["maj_at_k"], "eval_pass_at_k": f["pass_at_k"], "eval_headroom": f["headroom"]}
