@@ -16,6 +16,7 @@ from pathlib import Path
 
 import typer
 
+from sirius_train.commands import one_line_errors
 from sirius_train.commands.prompt_options import CONFIG, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT, resolve_format
 from sirius_train.progress import progress_bar, stderr
 
@@ -91,14 +92,12 @@ def register(app: typer.Typer) -> None:
         """Evaluate checkpoints end to end: greedy EX, maj@k, pass@k, selected EX; overall, per bucket, per db."""
         import json
 
-        from data_synthesis.chat_client import EndpointError
-        from data_synthesis.extras import MissingExtra
         from rewards.executor import Executor
         from rewards.sandbox import Limits
         from sirius_train.benchmark import (BenchmarkError, Settings, benchmark_model, cache_path, check_databases,
                                             load_questions, markdown, model_report, plot, write_predictions)
 
-        try:
+        with one_line_errors():
             if n is not None and n < k:
                 raise BenchmarkError(f"--n {n} < --k {k}: pass@k needs at least k samples per question")
             items = load_questions(questions, fmt)
@@ -125,12 +124,6 @@ def register(app: typer.Typer) -> None:
                                                cache=cache_path(out, name, spec, questions, settings))
                     reports.append(model_report(spec, items, rows, settings, time.monotonic() - t0))
                     write_predictions(out, f"{name}.{spec.label}", items, rows)
-        except EndpointError as e:
-            stderr.print(f"[red]error:[/] endpoint unreachable or failing: {e}", soft_wrap=True, markup=False)
-            raise typer.Exit(2) from None
-        except (BenchmarkError, MissingExtra, FileNotFoundError, ValueError) as e:
-            stderr.print(f"error: {e}", soft_wrap=True, markup=False)
-            raise typer.Exit(2) from None
         report = {"name": name, "questions": str(questions), "n": len(items), "k": k, "n_samples": settings.n,
                   "compare": settings.compare, "lifecycle": lifecycle, "seed": seed, "models": reports}
         (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
