@@ -64,7 +64,7 @@ def test_maj_at_k_is_the_selectors_majority_vote(demo_db_root):
     gold = ("retail", "SELECT COUNT(*) FROM customers")
     pools = [["SELECT COUNT(*) FROM orders", "SELECT COUNT(id) FROM customers", None,
               "SELECT COUNT(*) FROM customers", "SELECT COUNT(*) FROM orders", "SELECT COUNT(*) FROM orders"],
-             ["SELECT COUNT(1) FROM customers", "SELECT COUNT(*) FROM products", "SELECT COUNT(id) FROM customers"]]
+             ["SELECT COUNT(1) FROM customers", "SELECT COUNT(id) FROM customers", "SELECT COUNT(*) FROM products"]]
     with Executor(demo_db_root, workers=0) as executor:
         got = score_samples(executor, [gold, gold], pools, "bird", k=3)
         for sqls, (matches, majority) in zip(pools, got):

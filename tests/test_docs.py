@@ -268,3 +268,9 @@ def test_run_blocks_run_as_pasted_in_a_clone_after_make_demo(tmp_path):
         assert done.returncode == 0, f"{block.where} failed as pasted:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         ran.append(block.where)
     assert len(ran) >= 4, ran
+    # every path into the demo's run that any block names (run or not) is one `make demo` writes
+    for block in BLOCKS:
+        for path in re.findall(r"(?<![\w/.])runs/[\w.-]+(?:/[\w.-]+)*", block.text):
+            name = path.split("/")[1]
+            assert name in ("demo", "x") and (name == "x" or (root / path).exists()), \
+                f"{block.where}: {path} is not in a clone after `make demo` (it writes runs/demo/<phase>/model)"
