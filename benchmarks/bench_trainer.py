@@ -175,7 +175,8 @@ def run_trl(cfg, stage, model_path: Path, items, args) -> dict:
         per_device_train_batch_size=P * G // stage.mini_batches, gradient_accumulation_steps=1,
         steps_per_generation=stage.mini_batches, num_iterations=stage.ppo_epochs, num_generations=G,
         max_completion_length=stage.max_new_tokens, temperature=stage.temperature, top_p=stage.top_p,
-        learning_rate=stage.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=stage.warmup_steps,
+        learning_rate=stage.lr, lr_scheduler_type="constant_with_warmup",
+        warmup_steps=stage.warmup_steps * stage.mini_batches,  # TRL counts optimizer steps, ours training steps
         weight_decay=stage.weight_decay, max_grad_norm=stage.grad_clip, adam_beta1=0.9, adam_beta2=0.999,
         loss_type="dapo", beta=0.0, epsilon=stage.clip_low, epsilon_high=stage.clip_high, scale_rewards="group",
         mask_truncated_completions=False,

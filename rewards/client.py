@@ -246,3 +246,48 @@ def _error_of(response: httpx.Response) -> tuple[str, str]:
 def _retry_after(response: httpx.Response) -> float | None:
     value = response.headers.get("retry-after", "")
     return float(value) if value.replace(".", "", 1).isdigit() else None
+
+
+class FallbackScorer:
+    """Scores on reward servers while they answer; once they stay unavailable past the client's retries and
+    backoff, scores in-process (sandboxed, the same databases) from then on, saying so once.
+
+    With `fallback=False` the outage is an error instead, raised from `score` -- so before the caller has any
+    reward to train on: a batch is never scored with failures standing in for rewards.
+
+    Args:
+        client: a `RewardClient` (or anything with `score` raising `RewardServerUnavailable`).
+        make_local: builds the in-process scorer (`Executor` or `Scorer`-like `score`) on first need.
+        warn: called with the one-line notice of the switch.
+    """
+
+    def __init__(self, client, make_local, *, fallback: bool = True, warn=None):
+        self.client, self._make_local, self.fallback, self._warn = client, make_local, fallback, warn
+        self._local = None
+        self._lock = threading.Lock()
+        self.fallbacks = 0  # score calls answered in-process
+
+    def score(self, items: Sequence[ScoreItem]) -> list[ScoreResult]:
+        if self._local is None:
+            try:
+                return self.client.score(items)
+            except RewardServerUnavailable as e:
+                if not self.fallback:
+                    raise RewardServerUnavailable(f"{e}; in-process fallback is off (reward.fallback=false): "
+                                                  "stopping before any update from rewards never computed") from e
+                self._switch(e)
+        with self._lock:
+            self.fallbacks += 1
+        return self._local.score(items)
+
+    def _switch(self, error: Exception) -> None:
+        with self._lock:
+            if self._local is None:
+                self._local = self._make_local()
+                if self._warn is not None:
+                    self._warn(f"reward server unavailable ({error}); scoring in-process from now on")
+
+    def close(self) -> None:
+        self.client.close()
+        if self._local is not None and hasattr(self._local, "close"):
+            self._local.close()

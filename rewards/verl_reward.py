@@ -20,6 +20,7 @@ Both give the same numbers: the server runs the same `Scorer`.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from rewards.extract import extract_sql
@@ -90,13 +91,27 @@ def _scorer(db_root: str, timeout_s: float) -> Scorer:
 
 
 def _client(urls: str, kwargs):
-    """One RewardClient per process and settings (keyed by pid: a forked child must not share sockets)."""
-    from rewards.client import RewardClient
+    """One scorer on the servers per process and settings (keyed by pid: a forked child must not share sockets),
+    falling back to in-process scoring on `db_root` as the local trainer does (`reward_fallback`, default on)."""
+    from rewards.client import FallbackScorer, RewardClient
 
     token = kwargs.get("reward_token") or os.environ.get("SIRIUS_REWARD_TOKEN")
     timeout_s = float(kwargs.get("reward_timeout_s", 120.0))
-    key = (os.getpid(), urls, token, timeout_s)
+    fallback = str(kwargs.get("reward_fallback", True)).lower() not in ("false", "0")
+    key = (os.getpid(), urls, token, timeout_s, fallback)
     with _clients_lock:
         if key not in _clients:
-            _clients[key] = RewardClient(urls, token=token, timeout_s=timeout_s)
+            _clients[key] = FallbackScorer(RewardClient(urls, token=token, timeout_s=timeout_s),
+                                           lambda: _InProcess(kwargs), fallback=fallback,
+                                           warn=lambda message: print(f"warning: {message}", file=sys.stderr))
         return _clients[key]
+
+
+class _InProcess:
+    """The fallback behind a reward server: the same sandboxed scoring `compute_score` does without one."""
+
+    def __init__(self, kwargs):
+        self.kwargs = kwargs
+
+    def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
+        return _score_in_process(items, [None] * len(items), self.kwargs)

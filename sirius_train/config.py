@@ -151,6 +151,7 @@ class RewardConfig:
     format_failure: float = -1.0
     empty_match: float | None = None  # reward when prediction and gold both return no rows (None: `correct`)
     url: str | None = None  # reward server(s), comma-separated; None scores locally
+    fallback: bool = True  # servers unavailable past retries: score in-process on data.db_root (false: stop)
 
 
 @dataclass
@@ -276,7 +277,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if s.old_logprobs not in ("auto", "sampler", "recompute"):
             bad(f"{key}.old_logprobs", s.old_logprobs, "use 'auto', 'sampler' (kept from generation) or 'recompute'")
         if s.max_nonfinite_steps < 1:
-            bad(f"{key}.max_nonfinite_steps", s.max_nonfinite_steps, "need >= 1 (the run stops after that many in a row)")
+            bad(f"{key}.max_nonfinite_steps", s.max_nonfinite_steps, "need >= 1 (stop after that many in a row)")
         if s.keep_last < 0:
             bad(f"{key}.keep_last", s.keep_last, "need >= 0 (0 keeps every checkpoint)")
         if s.warmup_steps < 0:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -260,12 +262,117 @@ def test_sampler_logprobs_are_pi_old(tiny_run, tmp_path):
         assert torch.allclose(params_a[n], params_b[n], atol=1e-5, rtol=1e-4), n
 
 
-@pytest.mark.timeout(900)
-def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
-    args = ["train", str(NANO), *tiny_overrides(tmp_path, "killed")]
-    run_dir = tmp_path / "runs" / "killed"
+@pytest.mark.parametrize("fallback", [True, False])
+def test_a_stage_survives_its_reward_server_being_killed(tiny_run, tmp_path, capsys, fallback):
+    """A real `sirius reward-server` SIGKILLed after step 1 of a local stage: with the fallback the stage goes on,
+    scored in-process on the same databases and counted in `reward_fallback`; without it the run stops with a
+    clear error before step 2 makes any update."""
+    from dataclasses import replace
+
+    from rewards.client import RewardServerUnavailable
+    from rewards.launch import spawn
+    from rewards.service import ServerConfig
+    from sirius_train.local.backend import LocalBackend, read_curriculum
+    from sirius_train.local.trainer import DAPOTrainer
+    from sirius_train.metrics import MetricsLog
+    from test_reward_fallback import kill_server
+
+    cfg, _, run_dir = tiny_run
+    server = spawn(ServerConfig(cfg.data.db_root, workers=1, timeout_s=5.0))
+    try:
+        backend = LocalBackend(replace(cfg, reward=replace(cfg.reward, url=server.url, fallback=fallback)))
+        model, tokenizer = backend.load(run_dir / "sft" / "model")
+        optimizer_steps = []
+
+        def after_step(step, row):
+            optimizer_steps.append(sum(int(s["step"]) for s in trainer.optimizer.state.values()))
+            if step == 1:
+                kill_server(server)
+
+        stage = replace(cfg.stages[0], steps=3, checkpoint_every=100)
+        trainer = DAPOTrainer(model, tokenizer, read_curriculum(run_dir / "stage1" / "curriculum.parquet"), stage,
+                              backend.executor, ckpt_dir=tmp_path / "ck", metrics=MetricsLog(tmp_path / "m.jsonl"),
+                              seed=5, progress=after_step)
+        if fallback:
+            trainer.train()
+        else:
+            with pytest.raises(RewardServerUnavailable, match="fallback is off"):
+                trainer.train()
+            assert len(optimizer_steps) == 1  # step 2 never finished ...
+            updates = sum(int(s["step"]) for s in trainer.optimizer.state.values())
+            assert updates == optimizer_steps[0]  # ... nor made an update
+        backend.close()
+    finally:
+        server.stop()
+    rows = _rows(tmp_path)
+    assert rows[0]["reward_fallback"] == 0
+    if fallback:
+        assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["reward_fallback"] >= 1
+        assert rows[2]["reward_fallback"] > rows[1]["reward_fallback"]
+        assert "reward server unavailable" in capsys.readouterr().err
+    else:
+        assert [r["step"] for r in rows] == [1]
+
+
+TIMINGS = {"gen_time_s", "step_time_s", "tokens_per_s"}
+
+
+def _worker(run_dir, out):
+    return subprocess.Popen([sys.executable, str(Path(__file__).parent / "preempt_worker.py"), str(run_dir), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                                              str(Path(__file__).parent)])})
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_checkpoints_the_step_and_the_rerun_ends_with_the_same_rows(tiny_run, tmp_path, signum):
+    """A real signal mid-stage: the step in progress finishes, is checkpointed, the process exits 0 saying so; the
+    rerun resumes there and its metrics rows equal an uninterrupted run's (timings aside), exactly, on CPU."""
+    _, _, run_dir = tiny_run
+    reference = _worker(run_dir, tmp_path / "reference")
+    out, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0 and "preempted" not in out, err[-3000:]
+
+    interrupted = _worker(run_dir, tmp_path / "run")
+    for line in interrupted.stdout:
+        if line.startswith("step 2"):
+            os.kill(interrupted.pid, signum)
+            break
+    out, err = interrupted.communicate(timeout=600)
+    assert interrupted.returncode == 0, err[-3000:]
+    stopped = re.search(rf"preempted: {signum.name}: stage 'stage1' stopped after step (\d) of 8, checkpoint (\S+) "
+                        "written", out)
+    assert stopped, out + err[-3000:]
+    step = int(stopped.group(1))
+    assert 2 <= step < 8 and Path(stopped.group(2)).name == f"step_{step:06d}"
+
+    resumed = _worker(run_dir, tmp_path / "run")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0 and f"resumed from step {step}" in out, err[-3000:]
+
+    def rows(where):
+        return [{k: v for k, v in r.items() if k not in TIMINGS} for r in _rows(where)]
+
+    assert [r["step"] for r in rows(tmp_path / "run")] == list(range(1, 9))
+    assert rows(tmp_path / "run") == rows(tmp_path / "reference")
+
+
+def _start_train(tmp_path, name):
+    """`sirius train` on the tiny config in its own session: (its arguments, its run folder, the process)."""
+    args = ["train", str(NANO), *tiny_overrides(tmp_path, name)]
     proc = subprocess.Popen([sys.executable, "-m", "sirius_train.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return args, tmp_path / "runs" / name, proc
+
+
+def _stage1_steps(run_dir) -> list[int]:
+    rows = _rows(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return [r["step"] for r in rows if r.get("stage") == "stage1" and "reward_mean" in r]
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
+    args, run_dir, proc = _start_train(tmp_path, "killed")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         done = (run_dir / "stage1" / "checkpoints").glob("step_*")
@@ -275,14 +382,30 @@ def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = [r for r in _rows(run_dir) if r.get("stage") == "stage1" and "reward_mean" in r]
-    assert before and not (run_dir / "stage1" / "DONE.json").exists()
+    assert _stage1_steps(run_dir) and not (run_dir / "stage1" / "DONE.json").exists()
 
     second = _sirius(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed stage1 from step" in second.stderr
-    rows = _rows(run_dir)
-    stage1 = [r["step"] for r in rows if r.get("stage") == "stage1" and "reward_mean" in r]
+    stage1 = _stage1_steps(run_dir)
     assert stage1 == list(range(1, 7)), stage1  # every step exactly once: nothing lost, nothing counted twice
     assert (run_dir / "summary.json").is_file()
     assert not list(run_dir.rglob(".step_*.tmp"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tmp_path):
+    """The CLI's side of preemption: exit 0, the resume line, and the same command finishing the run."""
+    args, run_dir, proc = _start_train(tmp_path, "preempted")
+    deadline = time.monotonic() + 1200
+    while not _stage1_steps(run_dir):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "preempted -- SIGTERM: stage 'stage1' stopped after step" in err and "resume with: sirius train" in err
+    second = _sirius(*args, timeout=1200)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _stage1_steps(run_dir) == list(range(1, 7))

@@ -108,7 +108,11 @@ def test_reward_in_process_or_on_the_server():
     served = _overrides("reward.url=http://a:8000,http://b:8000")
     assert served["+reward.custom_reward_function.reward_kwargs.reward_url"] == "'http://a:8000,http://b:8000'"
     assert float(served["+reward.custom_reward_function.reward_kwargs.reward_timeout_s"]) >= 60
-    assert not [k for k in served if k.endswith(".db_root")]
+    # the same databases for the in-process fallback when the servers stay down (reward.fallback)
+    assert served["+reward.custom_reward_function.reward_kwargs.db_root"] == "/data/dbs"
+    assert served["+reward.custom_reward_function.reward_kwargs.reward_fallback"] == "true"
+    off = _overrides("reward.url=http://a:8000", "reward.fallback=false")
+    assert off["+reward.custom_reward_function.reward_kwargs.reward_fallback"] == "false"
 
 
 def test_cluster_shape_and_user_overrides_come_last():

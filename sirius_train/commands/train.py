@@ -159,12 +159,21 @@ def register(app: typer.Typer) -> None:
                          "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
             raise typer.Exit(2)
         preflight(cfg)
+        import shlex
+        import sys
+
+        from rewards.client import RewardServerUnavailable
         from sirius_train.config import ConfigError
-        from sirius_train.local.trainer import TrainingHalted
+        from sirius_train.local.checkpoint import CheckpointWriteError
+        from sirius_train.local.trainer import Preempted, TrainingHalted
 
         try:
             summary = run_schedule(cfg)
-        except (ConfigError, TrainingHalted) as e:  # e.g. verl refusing a key; a run that diverged
+        except Preempted as e:  # the cluster asked for the node back: a clean stop, resumable
+            resume = shlex.join(["sirius", *sys.argv[1:]])
+            stderr.print(f"preempted -- {escape(str(e))}; resume with: {escape(resume)}")
+            raise typer.Exit(0) from None
+        except (ConfigError, TrainingHalted, CheckpointWriteError, RewardServerUnavailable) as e:  # a diverged run, ...
             raise fail(e) from None
         print_summary(summary)
 

@@ -6,10 +6,12 @@ the loaded model stays in memory between phases so the nano demo does not pay fo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+from rewards.client import FallbackScorer, RewardClient
 from rewards.executor import Executor
 from rewards.reward import RewardTable
 from rewards.sandbox import Limits
@@ -45,18 +47,29 @@ class LocalBackend:
         torch.manual_seed(cfg.seed)
         self.metrics = MetricsLog(cfg.run_dir / "metrics.jsonl", cfg.logging.backends, cfg.logging.project,
                                   cfg.name)
-        self._executor: Executor | None = None
+        self._executor: Executor | FallbackScorer | None = None
         self._loaded: tuple[Path, object, object] | None = None
 
     @property
-    def executor(self) -> Executor:
-        """The reward's executor, opened on first use (the databases may be built by the schedule first)."""
+    def executor(self) -> Executor | FallbackScorer:
+        """The reward's scorer, opened on first use (the databases may be built by the schedule first): in
+        process, or on `reward.url`'s servers with the in-process one as the fallback (`reward.fallback`)."""
         if self._executor is None:
             r = self.cfg.reward
             table = RewardTable(correct=r.correct, wrong=r.wrong, error=r.error, timeout=r.timeout,
                                 rejected=r.rejected, format_failure=r.format_failure, empty_match=r.empty_match)
-            self._executor = Executor(self.cfg.data.db_root, workers=r.workers, limits=Limits(timeout_s=r.timeout_s),
-                                      table=table)
+
+            def in_process() -> Executor:
+                return Executor(self.cfg.data.db_root, workers=r.workers, limits=Limits(timeout_s=r.timeout_s),
+                                table=table)
+
+            if r.url:
+                client = RewardClient(r.url, token=os.environ.get("SIRIUS_REWARD_TOKEN"),
+                                      timeout_s=max(60.0, 10 * r.timeout_s))
+                self._executor = FallbackScorer(client, in_process, fallback=r.fallback,
+                                                warn=lambda message: stderr.print(f"[yellow]warning:[/] {message}"))
+            else:
+                self._executor = in_process()
         return self._executor
 
     # ------------------------------------------------------------------ models

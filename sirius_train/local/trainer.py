@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -201,18 +204,23 @@ class DAPOTrainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> None:
+        """Train to `cfg.steps`; a preemption signal ends the step in progress, checkpoints it, raises `Preempted`."""
         cfg = self.cfg
-        while self.step < cfg.steps:
-            self.step += 1
-            row = self.train_step()
-            if self.evaluate is not None and (self.step == cfg.steps or
-                                              (cfg.eval_every and self.step % cfg.eval_every == 0)):
-                row.update(self.evaluate(self.model))
-            self.metrics.log(row)
-            if self.progress is not None:
-                self.progress(self.step, row)
-            if self.step == cfg.steps or self.step % cfg.checkpoint_every == 0:
-                self.save()
+        with preemption_signals() as caught:
+            while self.step < cfg.steps:
+                self.step += 1
+                row = self.train_step()
+                if self.evaluate is not None and (self.step == cfg.steps or
+                                                  (cfg.eval_every and self.step % cfg.eval_every == 0)):
+                    row.update(self.evaluate(self.model))
+                self.metrics.log(row)
+                if self.progress is not None:
+                    self.progress(self.step, row)
+                if self.step == cfg.steps or self.step % cfg.checkpoint_every == 0 or caught:
+                    self.save()
+                if caught:
+                    raise Preempted(f"{caught[0]}: stage {cfg.name!r} stopped after step {self.step} of {cfg.steps}, "
+                                    f"checkpoint {self.ckpt_dir / f'step_{self.step:06d}'} written")
 
     def train_step(self) -> dict:
         cfg, G = self.cfg, self.cfg.n_samples
@@ -239,7 +247,8 @@ class DAPOTrainer:
                     "frac_all_wrong": rollout_stats["dapo/frac_groups_all_wrong"],
                     "kept_groups": int(buffer.kept), "dropped_groups": int(buffer.dropped),
                     "gen_rounds": buffer.rounds, "train_groups": len(buffer.take()),
-                    "response_length": generated / max(sum(r.numel() for r in all_rewards), 1)})
+                    "response_length": generated / max(sum(r.numel() for r in all_rewards), 1),
+                    "reward_fallback": getattr(self.executor, "fallbacks", 0)})  # batches scored in-process so far
         groups = buffer.take()
         if groups:
             row.update(self.update(groups))
@@ -329,6 +338,31 @@ class DAPOTrainer:
 
 class TrainingHalted(RuntimeError):
     """The run stopped itself for a stated reason, before any update or checkpoint from the bad state."""
+
+
+class Preempted(TrainingHalted):
+    """A preemption signal (SIGTERM, or SIGUSR1 as Slurm's `--signal` sends it) ended the run after a complete,
+    checkpointed step: rerunning the same command resumes from it exactly."""
+
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextmanager
+def preemption_signals():
+    """Within: SIGTERM / SIGUSR1 are noted (their names appended to the yielded list) instead of ending the
+    process, so the loop can finish its step and checkpoint. Signal handlers exist only in the main thread."""
+    caught: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signal.Signals(signum).name))
+                for s in PREEMPTION_SIGNALS}
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class NonFiniteGradients(TrainingHalted):

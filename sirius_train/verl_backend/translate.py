@@ -57,7 +57,7 @@ OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
                              "overlong_buffer_cfg.penalty_factor", "overlong_buffer_cfg.log", "max_resp_len"),
     # passed to rewards.verl_reward.compute_score
     "reward.custom_reward_function.reward_kwargs": ("reward_url", "reward_token", "reward_timeout_s", "db_root",
-                                                    "timeout_s", "compare"),
+                                                    "timeout_s", "compare", "reward_fallback"),
     # read by our gated trainer (entropy.py)
     "sirius.entropy": ("target", "delta", "coef_max", "coef"),
     # environment of every Ray worker (any variable)
@@ -251,7 +251,10 @@ def _reward_kwargs(cfg: RunConfig, paths: StagePaths) -> list[tuple[str, object]
     if cfg.reward.url:
         # Each HTTP request is bounded; the server's own --timeout bounds each query.
         return [(f"{prefix}.reward_url", cfg.reward.url),
-                (f"{prefix}.reward_timeout_s", max(60.0, 10 * cfg.reward.timeout_s))]
+                (f"{prefix}.reward_timeout_s", max(60.0, 10 * cfg.reward.timeout_s)),
+                # servers down past the client's retries: score in-process on the same databases, or stop
+                (f"{prefix}.reward_fallback", cfg.reward.fallback), (f"{prefix}.db_root", paths.db_root),
+                (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
     return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
 
 
@@ -272,7 +275,8 @@ def _check_reward_table(cfg: RunConfig) -> None:
     if ours != RewardTable():
         raise ConfigError(f"reward table {ours.to_dict()}: the verl backend scores with "
                           f"rewards.verl_reward.compute_score, which uses the default table {RewardTable().to_dict()}; "
-                          "set reward.correct/wrong/error/timeout/rejected/format_failure/empty_match back to the defaults")
+                          "set reward.correct/wrong/error/timeout/rejected/format_failure/empty_match back to "
+                          "the defaults")
 
 
 def _check_new_key(key: str) -> None:
