@@ -1,4 +1,5 @@
-"""The local backend end to end at tiny scale: schedule, metrics contract, and resume after SIGKILL."""
+"""The local backend end to end at tiny scale: schedule, metrics contract, warm-up, and the faults a run survives
+(SIGKILL, preemption signals, a reward server killed mid-stage)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from sirius_train.algorithms import logprobs_and_entropy
 from sirius_train.config import load_config
 
 STEP_FIELDS = {"step", "stage", "reward_mean", "acc_mean", "entropy", "entropy_coef", "kept_groups", "gen_rounds",
-               "tokens_per_s"}
+               "tokens_per_s", "lr", "skipped_steps", "reward_fallback"}
 
 
 def _sirius(*args, timeout=600):
@@ -83,7 +84,7 @@ def test_the_warm_start_learned_its_data(tiny_run):
                                           max_new_tokens=cfg.stages[0].max_new_tokens)["eval_exec_acc"]
     backend.close()
     assert len(items) >= 20 and accuracy["base"] <= 0.05, accuracy
-    assert accuracy["sft"] >= accuracy["base"] + 0.3, accuracy
+    assert accuracy["sft"] >= accuracy["base"] + 0.5, accuracy  # measured: 0.0 -> 0.93 on 30 examples
 
 
 def test_dapo_updates_every_trainable_parameter(tiny_run, tmp_path):
@@ -291,8 +292,8 @@ def test_a_stage_survives_its_reward_server_being_killed(tiny_run, tmp_path, cap
 
         stage = replace(cfg.stages[0], steps=3, checkpoint_every=100)
         trainer = DAPOTrainer(model, tokenizer, read_curriculum(run_dir / "stage1" / "curriculum.parquet"), stage,
-                              backend.executor, ckpt_dir=tmp_path / "ck", metrics=MetricsLog(tmp_path / "m.jsonl"),
-                              seed=5, progress=after_step)
+                              backend.executor, ckpt_dir=tmp_path / "ck",
+                              metrics=MetricsLog(tmp_path / "metrics.jsonl"), seed=5, progress=after_step)
         if fallback:
             trainer.train()
         else:
@@ -314,7 +315,7 @@ def test_a_stage_survives_its_reward_server_being_killed(tiny_run, tmp_path, cap
         assert [r["step"] for r in rows] == [1]
 
 
-TIMINGS = {"gen_time_s", "step_time_s", "tokens_per_s"}
+TIMINGS = {"time", "gen_time_s", "step_time_s", "tokens_per_s"}  # wall-clock fields differ run to run
 
 
 def _worker(run_dir, out):
@@ -324,14 +325,27 @@ def _worker(run_dir, out):
                                                                               str(Path(__file__).parent)])})
 
 
+def _rows_without_timings(where) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in _rows(where)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_stage(tiny_run, tmp_path_factory) -> list[dict]:
+    """The worker's stage run start to end: the metrics rows an interrupted run must end with."""
+    _, _, run_dir = tiny_run
+    out_dir = tmp_path_factory.mktemp("uninterrupted")
+    reference = _worker(run_dir, out_dir)
+    out, err = reference.communicate(timeout=600)
+    assert reference.returncode == 0 and "preempted" not in out, err[-3000:]
+    return _rows_without_timings(out_dir)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
-def test_preemption_checkpoints_the_step_and_the_rerun_ends_with_the_same_rows(tiny_run, tmp_path, signum):
+def test_preemption_checkpoints_the_step_and_the_rerun_ends_with_the_same_rows(tiny_run, uninterrupted_stage,
+                                                                              tmp_path, signum):
     """A real signal mid-stage: the step in progress finishes, is checkpointed, the process exits 0 saying so; the
     rerun resumes there and its metrics rows equal an uninterrupted run's (timings aside), exactly, on CPU."""
     _, _, run_dir = tiny_run
-    reference = _worker(run_dir, tmp_path / "reference")
-    out, err = reference.communicate(timeout=600)
-    assert reference.returncode == 0 and "preempted" not in out, err[-3000:]
 
     interrupted = _worker(run_dir, tmp_path / "run")
     for line in interrupted.stdout:
@@ -350,11 +364,9 @@ def test_preemption_checkpoints_the_step_and_the_rerun_ends_with_the_same_rows(t
     out, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0 and f"resumed from step {step}" in out, err[-3000:]
 
-    def rows(where):
-        return [{k: v for k, v in r.items() if k not in TIMINGS} for r in _rows(where)]
-
-    assert [r["step"] for r in rows(tmp_path / "run")] == list(range(1, 9))
-    assert rows(tmp_path / "run") == rows(tmp_path / "reference")
+    rows = _rows_without_timings(tmp_path / "run")
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert rows == uninterrupted_stage
 
 
 def _start_train(tmp_path, name):

@@ -9,9 +9,9 @@ One step, in the order DAPO prescribes (Yu et al. 2025) and SPEC section 3 write
   4. advantage -- group-normalised, the same for every token of an answer;
   5. update    -- old log-probs (kept from sampling, or one no-grad pass), then mini-batch steps of the
                   clipped token-mean loss minus the gated entropy bonus; gradient clipping (a non-finite
-                  gradient norm skips that optimizer step); AdamW;
-  6. gate      -- the entropy coefficient moves once, from this step's entropy; the learning rate's
-                  warmup advances once (warmup counts training steps, as in verl).
+                  gradient norm skips that optimizer step); AdamW at lr * min(1, step / warmup_steps)
+                  (warm-up counts training steps, as in verl);
+  6. gate      -- the entropy coefficient moves once, from this step's entropy.
 The math is in `sirius_train.algorithms`; this file only orchestrates it.
 """
 
@@ -164,8 +164,6 @@ class DAPOTrainer:
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=stage.lr,
                                            betas=(0.9, 0.999), weight_decay=stage.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           lambda k: warmup_factor(k + 1, stage.warmup_steps))
         self.gate = EntropyGate(EntropyGateConfig(**vars(stage.entropy)))
         self.sampler = EpochSampler(len(items), seed)
         self.old_logprobs = old_logprobs_source(stage.old_logprobs, next(model.parameters()).dtype)
@@ -175,7 +173,7 @@ class DAPOTrainer:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         return {"step": self.step, "stage": self.cfg.name, "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "gate": self.gate.state_dict(),
+                "gate": self.gate.state_dict(),
                 "data": self.sampler.state_dict(), "rng": capture_rng(), "nonfinite_in_a_row": self.nonfinite_in_a_row}
 
     def save(self) -> None:
@@ -193,7 +191,6 @@ class DAPOTrainer:
         self.model.load_state_dict(weights, strict=False)  # tied embeddings are stored once
         state = load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
         self.gate.load_state_dict(state["gate"])
         self.sampler.load_state_dict(state["data"])
         restore_rng(state["rng"])
@@ -225,6 +222,9 @@ class DAPOTrainer:
     def train_step(self) -> dict:
         cfg, G = self.cfg, self.cfg.n_samples
         t0 = time.monotonic()
+        lr = cfg.lr * warmup_factor(self.step, cfg.warmup_steps)  # warm-up counts training steps, as in verl
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         buffer = DynamicSamplingBuffer(target_groups=cfg.prompts_per_step, max_rounds=cfg.max_gen_rounds)
         all_rewards, all_correct, generated = [], [], 0
         while not buffer.done:
@@ -257,8 +257,7 @@ class DAPOTrainer:
                         "skipped_steps": 0})
         elapsed = time.monotonic() - t0
         row.update({"gen_time_s": round(gen_time, 3), "step_time_s": round(elapsed, 3),
-                    "tokens_per_s": round(generated / elapsed, 1), "lr": self.scheduler.get_last_lr()[0]})
-        self.scheduler.step()  # once per training step, trained or not: warmup counts training steps
+                    "tokens_per_s": round(generated / elapsed, 1), "lr": lr})
         return row
 
     def score(self, roll: Rollout, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
