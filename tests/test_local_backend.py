@@ -340,7 +340,7 @@ def uninterrupted_stage(tiny_run, tmp_path_factory) -> list[dict]:
     return _rows_without_timings(out_dir)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_preemption_checkpoints_the_step_and_the_rerun_ends_with_the_same_rows(tiny_run, uninterrupted_stage,
                                                                               tmp_path, signum):
     """A real signal mid-stage: the step in progress finishes, is checkpointed, the process exits 0 saying so; the
