@@ -42,6 +42,8 @@ class DataConfig:
     sft_share: float = 0.5  # share of the pool used for the SFT warm start
     sft_split: str = "examples"  # examples | databases: SFT and RL share the train databases, or not
     rl_pool: str = "rest"  # rest: RL on the examples SFT did not see | all: RL on the whole pool
+    sft_flaws: list[str] = field(default_factory=list)  # mistakes put into SFT demos (sqlgen/flaws.py FLAWS)
+    sft_flaw_share: float = 0.0  # share of the SFT demos having each such construct that get it wrong
     schema_style: str = "ddl"  # ddl | compact
     schema_samples: int = 3  # sample values per column shown in the prompt
     system_prompt: str | None = None  # None: the default prompt; "": no system message
@@ -252,6 +254,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("data.rl_pool", cfg.data.rl_pool, "use 'rest' (the examples SFT did not see) or 'all'")
     if not 0 <= cfg.data.sft_share < 1:
         bad("data.sft_share", cfg.data.sft_share, "a share in [0, 1): the rest is the RL pool")
+    if not 0 <= cfg.data.sft_flaw_share <= 1:
+        bad("data.sft_flaw_share", cfg.data.sft_flaw_share, "a share in [0, 1]")
     overlap = set(cfg.data.all_train_dbs()) & set(cfg.data.all_eval_dbs())
     if overlap:
         bad("data.eval_dbs", cfg.data.eval_dbs, f"held-out databases must not be trained on: {sorted(overlap)}")
