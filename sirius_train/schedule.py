@@ -95,6 +95,7 @@ def eval_max_new_tokens(cfg: RunConfig) -> int:
 def prepare_data(cfg: RunConfig) -> RunData:
     """Build (or reload) the pools: written once under `run_dir/data`, so a resumed run trains on the same data."""
     from data_synthesis.demo_dbs import build_demo_dbs
+    from data_synthesis.sqlgen.flaws import check_kinds, inject_flaws
     from data_synthesis.sqlgen.rules import RULES
     from data_synthesis.sqlgen.synthesize import synthesize
 
@@ -114,16 +115,23 @@ def prepare_data(cfg: RunConfig) -> RunData:
         if unknown:
             raise ValueError(f"data.synth_rules has unknown rule(s) {sorted(unknown)}; known: {[r.name for r in RULES]}")
         rules = tuple(r for r in RULES if not d.synth_rules or r.name in d.synth_rules)
+        check_kinds(d.sft_flaws)
 
-        def synth(db: str, n: int, seed: int) -> list[Example]:
-            return synthesize(db_root / db / f"{db}.sqlite", n, seed=seed, db_id=db, rules=rules, joins=d.synth_joins)
+        def synth(db: str, n: int, seed: int, avoid: set[str] = frozenset()) -> list[Example]:
+            return synthesize(db_root / db / f"{db}.sqlite", n, seed=seed, db_id=db, rules=rules, joins=d.synth_joins,
+                              avoid=avoid)
 
         pool = [e for db in train_dbs for e in synth(db, d.synth_per_db, cfg.seed)]
         for path in d.pool_files:
             pool += read_examples(path)
         random.Random(cfg.seed).shuffle(pool)
         sft, rest = split_pool(pool, d.sft_share if cfg.sft.enabled else 0.0, d.sft_split, cfg.seed)
-        eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000)]
+        sft = inject_flaws(sft, d.sft_flaw_share, d.sft_flaws, cfg.seed)  # RL and held-out gold stay correct
+        # held out means no training query or question either: a question asked of a training database (the
+        # same entity table can occur in both) would be answered from memory, not by reading the schema
+        trained_sql, trained_questions = {e.gold_sql for e in pool}, {e.question for e in pool}
+        eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000, avoid=trained_sql)
+                    if e.question not in trained_questions]
         for name, rows in (("sft", sft), ("rl", pool if d.rl_pool == "all" else rest), ("eval", eval_set)):
             write_examples(files[name], rows)
     return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), read_examples(files["eval"]),

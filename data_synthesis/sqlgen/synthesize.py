@@ -128,10 +128,11 @@ class Synthesizer:
 
 def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None = None, writer=None,
                rules: tuple[Rule, ...] = RULES, limits: Limits = Limits(timeout_s=2.0, max_rows=10_000),
-               joins: bool = True) -> list[Example]:
+               joins: bool = True, avoid: set[str] = frozenset()) -> list[Example]:
     """`n` executable, non-empty, distinct examples over any SQLite database (fewer if it cannot hold `n`).
 
-    Deterministic for a given database file and `seed`. `db_id` defaults to the file's stem.
+    Deterministic for a given database file and `seed`. `db_id` defaults to the file's stem. No example's SQL
+    is one of `avoid` (a held-out set then shares no query with the training pools).
 
     Example:
         >>> import tempfile, pathlib
@@ -141,4 +142,5 @@ def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None 
         >>> len(examples), len({e.gold_sql for e in examples}), examples[0].db_id
         (5, 5, 'retail')
     """
-    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer, joins=joins).run(n, seed)
+    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer, joins=joins).run(
+        n, seed, avoid=avoid)

@@ -1,0 +1,38 @@
+"""The demo's held-out set is held out: no database, table-name set, question or query of it is trained on."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from tiny_run import NANO
+
+from sirius_train.config import load_config
+from sirius_train.schedule import prepare_data
+
+
+def table_names(db_root, db_id: str) -> frozenset[str]:
+    with sqlite3.connect(db_root / db_id / f"{db_id}.sqlite") as conn:
+        return frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+
+
+def test_shipped_demo_never_trains_on_its_held_out_databases_or_questions(tmp_path):
+    cfg = load_config(NANO, [f"output_dir={tmp_path}", f"data.db_root={tmp_path / 'dbs'}"])  # the shipped data
+    data = prepare_data(cfg)
+    training = data.sft_pool + data.rl_pool
+    held_out = data.eval_set
+    assert len(held_out) >= 0.95 * cfg.data.eval_per_db * len(cfg.data.all_eval_dbs())
+
+    train_dbs = {e.db_id for e in training}
+    eval_dbs = {e.db_id for e in held_out}
+    assert eval_dbs == set(cfg.data.all_eval_dbs()) and not eval_dbs & train_dbs
+    train_tables = {table_names(data.db_root, db) for db in train_dbs}
+    assert not {table_names(data.db_root, db) for db in eval_dbs} & train_tables
+
+    questions = {e.question for e in training}
+    queries = {e.gold_sql for e in training} | {e.meta.get("clean_sql", e.gold_sql) for e in data.sft_pool}
+    assert not {e.question for e in held_out} & questions
+    assert not {e.gold_sql for e in held_out} & queries
+
+    # the flawed demonstrations are SFT's only: RL's reward and the evaluation use the correct gold
+    assert any(e.meta.get("flaw") for e in data.sft_pool) == bool(cfg.data.sft_flaws)
+    assert not any(e.meta.get("flaw") for e in data.rl_pool + held_out)
