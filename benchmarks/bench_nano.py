@@ -61,6 +61,24 @@ def train(out: Path, variant: str, seed: int, threads: int) -> None:
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def diagnose(out: Path, variant: str, seed: int, k: int) -> dict:
+    """`nano_phases.py` figures of a finished run (greedy answers and taught mistakes; pass@k / maj@k when k > 0)."""
+    run_dir = out / run_name(variant, seed)
+    path = run_dir / f"phases_k{k}.json"
+    if not path.is_file():
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "nano_phases.py"), str(run_dir), "--k", str(k),
+               "--fresh", "200" if k else "0", "--json", str(path)]
+        with open(out / f"{run_name(variant, seed)}.log", "a") as log:
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(path.read_text())
+
+
+def mistakes(phases: dict, phase: str) -> int:
+    """Held-out greedy answers of `phase` that reproduce one of the mistakes the SFT demonstrations taught."""
+    return sum(f["mistake"] for f in phases["phases"][phase]["held-out"].get("flaws", {}).values())
+
+
 def steps(run_dir: Path) -> list[dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r for r in rows if "reward_mean" in r]
@@ -78,15 +96,16 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {sd:.1f}"
 
 
-def report(out: Path, seeds: list[int], variants: list[str], command: str) -> str:
+def report(out: Path, seeds: list[int], variants: list[str], command: str, diag: dict, detail: dict | None) -> str:
     lines = ["## Nano schedule over seeds, and its ablations (`benchmarks/bench_nano.py`)", "",
              f"Rerun: `{command}`", "",
              "Held-out execution accuracy (greedy answers, 200 synthesized questions on 5 generated databases "
              "never trained on), after the SFT warm start and after each DAPO stage. Ablations reuse the seed's "
              "data, base model and SFT, so they differ only in the DAPO stages.", "",
              "| variant | seed | after SFT | after stage 1 | after stage 2 | DAPO − SFT (points) | "
+             "taught mistakes in greedy answers, SFT → stage 1 → stage 2 | "
              "mean entropy stage 1 / 2 | min entropy | steps with the bonus on | largest coef applied | SFT s | DAPO stages s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     deltas: dict[str, list[float]] = {}
     finals: dict[str, list[float]] = {}
     for variant in variants:
@@ -103,13 +122,23 @@ def report(out: Path, seeds: list[int], variants: list[str], command: str) -> st
             finals.setdefault(variant, []).append(100 * ex["stage2"])
             lines.append(
                 f"| {variant} | {seed} | {100 * ex['sft']:.1f} | {100 * ex['stage1']:.1f} | {100 * ex['stage2']:.1f} "
-                f"| {delta:+.1f} | {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
+                f"| {delta:+.1f} | {' → '.join(str(mistakes(diag[variant, seed], p)) for p in PHASES)} "
+                f"| {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
                 f"| {min(ent['stage1'] + ent['stage2']):.3f} | {sum(c > 0 for c in applied)} / {len(rows)} "
                 f"| {max(applied):.4f} "
                 f"| {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
     lines += ["", "| variant | final EX (mean ± sd over seeds) | DAPO − SFT, points (mean ± sd) |", "|---|---:|---:|"]
     lines += [f"| {v} | {mean_sd(finals[v])} | {mean_sd(deltas[v])} |" for v in variants]
     lines += ["", "![entropy per step](nano_entropy.png)", ""]
+    if detail is not None:
+        from nano_phases import markdown
+
+        lines += [f"Per phase, seed {seeds[0]}'s default run (`benchmarks/nano_phases.py`): greedy EX, mean EX of "
+                  f"{detail['k']} samples at the training temperature, pass@{detail['k']} and maj@{detail['k']}, "
+                  "on the held-out set and on 200 fresh questions over the training databases (a new seed, "
+                  "none in any pool); then, per kind of mistake the SFT demonstrations carried, the held-out "
+                  "questions it applies to and the greedy answers that are right / that reproduce the mistake.",
+                  "", markdown(detail), ""]
     return "\n".join(lines)
 
 
@@ -142,6 +171,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_nano")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--k", type=int, default=8, help="samples per question for the per-phase figures (0: skip them)")
     ap.add_argument("--adopt", action="append", default=[], metavar="SEED=RUN_DIR",
                     help="use a finished default run (e.g. make demo's runs/demo) as that seed's default run")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks" / "nano.md")
@@ -165,8 +195,10 @@ def main() -> None:
             t0 = time.monotonic()
             train(args.out, variant, seed, args.threads)
             print(f"{variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
+    diag = {(v, seed): diagnose(args.out, v, seed, 0) for v in args.variants for seed in args.seeds}
+    detail = diagnose(args.out, "default", args.seeds[0], args.k) if "default" in args.variants and args.k else None
     command = "python benchmarks/bench_nano.py " + " ".join(sys.argv[1:])
-    args.md.write_text(report(args.out, args.seeds, args.variants, command))
+    args.md.write_text(report(args.out, args.seeds, args.variants, command, diag, detail))
     plot(args.out, args.seeds, args.variants, args.md.with_name("nano_entropy.png"))
     print(args.md.read_text())
 

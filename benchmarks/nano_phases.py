@@ -1,0 +1,176 @@
+"""Why RL helps (or not) in a finished nano run: per phase, greedy / sampled / pass@k / maj@k, and the taught mistakes.
+
+For every finished phase of a run (SFT, each DAPO stage) and two question sets -- the run's held-out set
+(databases no phase saw) and fresh questions synthesized on the *training* databases with a new seed (none
+of them in any pool) -- it reports greedy EX, the mean EX of k samples at temperature T, pass@k (some sample
+right) and maj@k (the answer of the largest class of samples that agree on their result is right). On the
+held-out set it also counts, per kind of mistake the SFT demonstrations were given (`data.sft_flaws`, see
+`data_synthesis/sqlgen/flaws.py`), how many greedy answers reproduce that mistake: same result as the flawed
+gold, not the correct one. Everything is scored by the reward's executor, as the schedule's evaluation is.
+
+    python benchmarks/nano_phases.py runs/demo --k 8 --temperature 1.0 --json runs/demo/phases.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data_synthesis.difficulty import prompt_for  # noqa: E402
+from data_synthesis.records import Example  # noqa: E402
+from data_synthesis.sqlgen.flaws import FLAWS, flawed_variants  # noqa: E402
+from rewards.executor import Executor  # noqa: E402
+from rewards.extract import extract_sql  # noqa: E402
+from rewards.scoring import ScoreItem  # noqa: E402
+
+
+def fresh_questions(cfg, data, n: int, seed: int) -> list[Example]:
+    """`n` new questions on the training databases, synthesized like the pools but absent from all of them."""
+    from data_synthesis.sqlgen.rules import RULES
+    from data_synthesis.sqlgen.synthesize import synthesize
+
+    d = cfg.data
+    rules = tuple(r for r in RULES if not d.synth_rules or r.name in d.synth_rules)
+    seen = {e.question for e in data.sft_pool + data.rl_pool + data.eval_set}
+    seen |= {e.meta.get("clean_sql", e.gold_sql) for e in data.sft_pool} | {e.gold_sql for e in data.rl_pool}
+    dbs = d.all_train_dbs()
+    per_db = -(-2 * n // len(dbs))
+    pool = [e for db in dbs for e in synthesize(data.db_root / db / f"{db}.sqlite", per_db, seed=seed, db_id=db,
+                                                rules=rules, joins=d.synth_joins)
+            if e.question not in seen and e.gold_sql not in seen]
+    random.Random(seed).shuffle(pool)
+    return pool[:n]
+
+
+def result_key(outcome) -> tuple | None:
+    """What two answers must share to be one class for maj@k: their rows as a multiset (None: no result)."""
+    if not outcome.executed:
+        return None
+    return tuple(sorted(Counter(map(repr, outcome.rows)).items()))
+
+
+def phase_figures(model, tokenizer, examples: list[Example], data, executor: Executor, *, k: int, temperature: float,
+                  max_new_tokens: int, flaw_kinds: list[str]) -> dict:
+    from sirius_train.local.rollout import generate
+
+    prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
+    greedy = [extract_sql(t) for t in generate(model, tokenizer, prompts, n=1, temperature=0.0,
+                                               max_new_tokens=max_new_tokens).texts]
+    compare = data.compare
+    g_ok = [r.match for r in executor.score([ScoreItem(e.db_id, e.gold_sql, p, compare)
+                                             for e, p in zip(examples, greedy)])]
+    n = len(examples)
+    out = {"n": n, "greedy": sum(g_ok) / n}
+    if flaw_kinds:
+        out["flaws"] = taught_mistakes(examples, greedy, g_ok, executor, compare, flaw_kinds)
+    if k == 0:
+        return out
+    sampled = [extract_sql(t) for t in generate(model, tokenizer, prompts, n=k, temperature=temperature,
+                                                max_new_tokens=max_new_tokens).texts]
+    s_ok = [r.match for r in executor.score([ScoreItem(examples[i // k].db_id, examples[i // k].gold_sql, p, compare)
+                                             for i, p in enumerate(sampled)])]
+    outcomes = executor.execute_many([(examples[i // k].db_id, p or "") for i, p in enumerate(sampled)])
+    maj = []
+    for q in range(len(examples)):
+        votes = Counter()
+        first = {}
+        for j in range(q * k, q * k + k):
+            key = result_key(outcomes[j])
+            if key is not None and sampled[j]:
+                votes[key] += 1
+                first.setdefault(key, j)
+        maj.append(bool(votes) and s_ok[first[votes.most_common(1)[0][0]]])
+    out.update(sampled=sum(s_ok) / len(s_ok), pass_at_k=sum(any(s_ok[q * k:q * k + k]) for q in range(n)) / n,
+               maj_at_k=sum(maj) / n)
+    return out
+
+
+def taught_mistakes(examples, preds, ok, executor: Executor, compare: str, kinds: list[str]) -> dict:
+    """Per flaw kind: questions it applies to, greedy answers right, and greedy answers reproducing the flaw."""
+    rows = []
+    for i, e in enumerate(examples):
+        for kind, sql in flawed_variants(e.gold_sql, kinds).items():
+            rows.append((i, kind, sql))
+    flawed = executor.score([ScoreItem(examples[i].db_id, sql, preds[i], compare) for i, _, sql in rows])
+    table = {kind: {"questions": 0, "right": 0, "mistake": 0} for kind in kinds}
+    for (i, kind, _), r in zip(rows, flawed):
+        table[kind]["questions"] += 1
+        table[kind]["right"] += ok[i]
+        table[kind]["mistake"] += r.match and not ok[i]
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--k", type=int, default=8, help="samples per question (0: greedy answers only)")
+    ap.add_argument("--temperature", type=float, default=None, help="default: stage 1's training temperature")
+    ap.add_argument("--fresh", type=int, default=200, help="fresh questions on the training databases (0: none)")
+    ap.add_argument("--phases", nargs="+", default=None, help="default: every finished phase")
+    ap.add_argument("--flaws", nargs="+", default=None, choices=list(FLAWS),
+                    help="mistake kinds to count (default: the run's data.sft_flaws, or all when it has none)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from sirius_train.config import load_config
+    from sirius_train.local.model import load_model
+    from sirius_train.schedule import prepare_data
+
+    cfg = load_config(args.run_dir / "config.yaml", [f"output_dir={args.run_dir.parent}", f"name={args.run_dir.name}"])
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = prepare_data(cfg)
+    temperature = cfg.stages[0].temperature if args.temperature is None else args.temperature
+    max_new = max(s.max_new_tokens for s in cfg.stages)
+    kinds = args.flaws or list(cfg.data.sft_flaws) or list(FLAWS)
+    sets = {"held-out": data.eval_set}
+    if args.fresh:
+        sets["fresh train-db"] = fresh_questions(cfg, data, args.fresh, cfg.seed + 20_000)
+    phases = args.phases or ["sft", *(f"stage{i}" for i in range(1, len(cfg.stages) + 1))]
+    report = {"run": str(args.run_dir), "k": args.k, "temperature": temperature, "phases": {}}
+    with Executor(cfg.data.db_root, workers=0) as executor:
+        for phase in phases:
+            done = args.run_dir / phase / "DONE.json"
+            if not done.is_file():
+                continue
+            model, tokenizer = load_model(Path(json.loads(done.read_text())["model"]), device="cpu",
+                                          dtype=torch.float32)
+            report["phases"][phase] = {
+                name: phase_figures(model, tokenizer, examples, data, executor, k=args.k, temperature=temperature,
+                                    max_new_tokens=max_new, flaw_kinds=kinds if name == "held-out" else [])
+                for name, examples in sets.items()}
+            print(phase, json.dumps(report["phases"][phase]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    k, t = report["k"], report["temperature"]
+    lines = [f"| phase | questions | greedy EX | sampled EX (T = {t}) | pass@{k} | maj@{k} |", "|---|---|---:|---:|---:|---:|"]
+    for phase, sets in report["phases"].items():
+        for name, f in sets.items():
+            cells = [f"{100 * f[key]:.1f}" if key in f else "–" for key in ("greedy", "sampled", "pass_at_k", "maj_at_k")]
+            lines.append(f"| {phase} | {name} | " + " | ".join(cells) + " |")
+    flaws = {p: s["held-out"]["flaws"] for p, s in report["phases"].items() if "flaws" in s.get("held-out", {})}
+    if flaws:
+        phases = list(flaws)
+        lines += ["", "| taught mistake | held-out questions | " + " | ".join(f"{p}: right / mistake" for p in phases)
+                  + " |", "|---|---:|" + "---:|" * len(phases)]
+        for kind in next(iter(flaws.values())):
+            row = [f"{flaws[p][kind]['right']} / {flaws[p][kind]['mistake']}" for p in phases]
+            lines.append(f"| {kind} | {flaws[phases[0]][kind]['questions']} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
