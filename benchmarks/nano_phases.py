@@ -156,11 +156,12 @@ def main() -> None:
 
 def markdown(report: dict) -> str:
     k, t = report["k"], report["temperature"]
-    lines = [f"| phase | questions | greedy EX | sampled EX (T = {t}) | pass@{k} | maj@{k} |", "|---|---|---:|---:|---:|---:|"]
+    keys = ("greedy", "sampled", "pass_at_k", "maj_at_k") if k else ("greedy",)
+    heads = ["greedy EX", f"sampled EX (T = {t})", f"pass@{k}", f"maj@{k}"][:len(keys)]
+    lines = ["| phase | questions | " + " | ".join(heads) + " |", "|---|---|" + "---:|" * len(keys)]
     for phase, sets in report["phases"].items():
         for name, f in sets.items():
-            cells = [f"{100 * f[key]:.1f}" if key in f else "–" for key in ("greedy", "sampled", "pass_at_k", "maj_at_k")]
-            lines.append(f"| {phase} | {name} | " + " | ".join(cells) + " |")
+            lines.append(f"| {phase} | {name} | " + " | ".join(f"{100 * f[key]:.1f}" for key in keys) + " |")
     flaws = {p: s["held-out"]["flaws"] for p, s in report["phases"].items() if "flaws" in s.get("held-out", {})}
     if flaws:
         phases = list(flaws)
