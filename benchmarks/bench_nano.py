@@ -3,7 +3,10 @@
 For each seed the default run (`configs/nano.yaml`, what `make demo` runs) trains from scratch; each ablation
 then reuses that seed's data, base model and SFT warm start (copied), so the variants differ only in the DAPO
 stages. Finished runs are not run again (the schedule skips finished phases), so an interrupted benchmark
-resumes. Writes docs/benchmarks/nano.md and docs/benchmarks/nano_entropy.png.
+resumes. Every run is then diagnosed by `nano_phases.py` (greedy answers per phase and the mistakes the SFT
+demonstrations taught, if any; for the first seed's default run also pass@k / maj@k at the training
+temperature on the held-out set and on fresh training-database questions). Writes docs/benchmarks/nano.md
+and docs/benchmarks/nano_entropy.png.
 
     python benchmarks/bench_nano.py --seeds 0 1 2
     python benchmarks/bench_nano.py --seeds 0 --adopt 0=/path/to/runs/demo   # a finished `make demo` as seed 0

@@ -58,7 +58,7 @@ def result_key(outcome) -> tuple | None:
 
 def phase_figures(model, tokenizer, examples: list[Example], data, executor: Executor, *, k: int, temperature: float,
                   max_new_tokens: int, flaw_kinds: list[str]) -> dict:
-    from sirius_train.local.rollout import generate
+    from data_synthesis.generation import generate
 
     prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
     greedy = [extract_sql(t) for t in generate(model, tokenizer, prompts, n=1, temperature=0.0,
