@@ -16,7 +16,8 @@ from tiny_run import NANO, tiny_overrides
 
 from sirius_train.config import load_config
 from sirius_train.local.backend import LocalBackend, read_curriculum
-from sirius_train.local.trainer import DAPOTrainer, Preempted
+from sirius_train.halts import Preempted
+from sirius_train.local.trainer import DAPOTrainer
 from sirius_train.metrics import MetricsLog
 
 STEPS = 8

@@ -13,9 +13,9 @@ from test_samplers import _tiny_model
 from data_synthesis.generation import generate
 from data_synthesis.prompts import render_prompt
 from sirius_train.config import EntropyConfig, StageConfig
+from sirius_train.halts import NonFiniteGradients
 from sirius_train.local.trainer import (
     DAPOTrainer,
-    NonFiniteGradients,
     TrainItem,
     cat_rollouts,
     old_logprobs_source,

@@ -164,8 +164,8 @@ def register(app: typer.Typer) -> None:
 
         from rewards.client import RewardServerUnavailable
         from sirius_train.config import ConfigError
+        from sirius_train.halts import Preempted, TrainingHalted
         from sirius_train.local.checkpoint import CheckpointWriteError
-        from sirius_train.local.trainer import Preempted, TrainingHalted
 
         try:
             summary = run_schedule(cfg)

@@ -19,11 +19,8 @@ from __future__ import annotations
 
 import math
 import random
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +40,7 @@ from sirius_train.algorithms import (
     policy_loss,
 )
 from sirius_train.config import StageConfig
+from sirius_train.halts import NonFiniteGradients, Preempted, preemption_signals
 from sirius_train.local.checkpoint import capture_rng, latest_checkpoint, load_state, restore_rng, save_checkpoint
 from data_synthesis.generation import Rollout, generate, left_pad_positions, prompt_cache
 from sirius_train.metrics import MetricsLog
@@ -333,39 +331,6 @@ class DAPOTrainer:
                     "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                     "skipped_steps": skipped, "adv_abs_mean": float(advantages.abs().mean()), "n_answers": N})
         return out
-
-
-class TrainingHalted(RuntimeError):
-    """The run stopped itself for a stated reason, before any update or checkpoint from the bad state."""
-
-
-class Preempted(TrainingHalted):
-    """A preemption signal (SIGTERM, or SIGUSR1 as Slurm's `--signal` sends it) ended the run after a complete,
-    checkpointed step: rerunning the same command resumes from it exactly."""
-
-
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-@contextmanager
-def preemption_signals():
-    """Within: SIGTERM / SIGUSR1 are noted (their names appended to the yielded list) instead of ending the
-    process, so the loop can finish its step and checkpoint. Signal handlers exist only in the main thread."""
-    caught: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signal.Signals(signum).name))
-                for s in PREEMPTION_SIGNALS}
-    try:
-        yield caught
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-class NonFiniteGradients(TrainingHalted):
-    """`max_nonfinite_steps` optimizer steps in a row had a non-finite gradient norm: the run has diverged."""
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
