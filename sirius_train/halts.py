@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 
 
@@ -26,15 +27,21 @@ PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 @contextmanager
-def preemption_signals():
+def preemption_signals(forward: Callable[[signal.Signals], None] | None = None):
     """Within: SIGTERM / SIGUSR1 are noted (their names appended to the yielded list) instead of ending the
-    process, so the loop can finish its step and checkpoint. Signal handlers exist only in the main thread."""
+    process, so the loop can finish its step and checkpoint; `forward(sig)`, when given, is called with each
+    one as it arrives (to pass it on to a child). Signal handlers exist only in the main thread."""
     caught: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signal.Signals(signum).name))
-                for s in PREEMPTION_SIGNALS}
+
+    def note(signum: int, frame) -> None:
+        caught.append(signal.Signals(signum).name)
+        if forward is not None:
+            forward(signal.Signals(signum))
+
+    previous = {s: signal.signal(s, note) for s in PREEMPTION_SIGNALS}
     try:
         yield caught
     finally:

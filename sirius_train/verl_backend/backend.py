@@ -185,7 +185,7 @@ class VerlBackend:
                     advance(step - done[0])
                     done[0] = step
 
-            run_logged(plan.argv, env, out / "verl.log", on_step=on_step)
+            run_logged(plan.argv, env, out / "verl.log", on_step=on_step, checkpoints=Path(plan.paths.checkpoints))
         actor = latest_actor_checkpoint(Path(plan.paths.checkpoints))
         merge_to_hf(self.cfg.verl.python, actor, model_dir, env, out / "merge.log")
         self._import_metrics(Path(plan.paths.metrics), stage.name)

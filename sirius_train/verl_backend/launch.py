@@ -1,20 +1,22 @@
 """Processes: run verl's `main_ppo` (through our entry point, main_ppo.py) for a stage, then merge its last checkpoint.
 
-verl runs in a child process (it owns Ray, the GPUs and its own signal handling); its whole output goes
-to a log file and the step counter drives a progress bar. A failure raises with the log's tail, so the
-reason is on the screen, not only in the file.
+verl runs in a child process (it owns Ray and the GPUs); its whole output goes to a log file and the step
+counter drives a progress bar. A failure raises with the log's tail, so the reason is on the screen, not only
+in the file; a preemption signal is passed on to verl and ends in `Preempted`, a clean, resumable stop.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from sirius_train.halts import Preempted, preemption_signals
 from sirius_train.verl_backend.translate import VERL_ENTRY
 
 STEP_LINE = re.compile(r"\bstep:(\d+)\s+-")  # verl's console logger: "step:3 - actor/entropy:0.71 - ..."
@@ -58,16 +60,31 @@ def prepend_path(first: str, rest: str | None) -> str:
     return os.pathsep.join(parts)
 
 
-def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Callable[[int], None] | None = None
-               ) -> None:
-    """Run `argv`, appending its output to `log_path`; `on_step(n)` on each verl step line; raise on failure."""
+def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Callable[[int], None] | None = None,
+               checkpoints: Path | None = None) -> None:
+    """Run `argv`, appending its output to `log_path`; `on_step(n)` on each verl step line; raise on failure.
+
+    The child leads its own process group. A preemption signal to this process (SIGTERM, or SIGUSR1 from
+    Slurm's `--signal`) is passed on to that whole group -- verl installs no handler, so it stops where it is
+    and its newest complete checkpoint under `checkpoints` is what `resume_mode=auto` loads -- and once the
+    child is gone `Preempted` is raised, naming that checkpoint.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=40)
-    with log_path.open("a", encoding="utf-8") as log:
+    child: list[subprocess.Popen] = []
+
+    def forward(sig: signal.Signals) -> None:
+        if child:
+            _signal_group(child[0], sig)
+
+    with log_path.open("a", encoding="utf-8") as log, preemption_signals(forward) as caught:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace")
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        child.append(proc)
+        if caught:  # it arrived while the child was starting
+            forward(signal.Signals[caught[0]])
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -76,12 +93,37 @@ def run_logged(argv: list[str], env: dict[str, str], log_path: Path, on_step: Ca
                     on_step(int(match.group(1)))
             code = proc.wait()
         except BaseException:  # Ctrl-C: stop verl too (it stops its Ray workers), then re-raise
-            proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
             proc.wait()
             raise
+    what = argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name
+    if caught:
+        where = resume_point(checkpoints) if checkpoints is not None else "rerunning redoes it"
+        raise Preempted(f"{caught[0]}: passed on to {what}, which stopped (exit code {code}); {where}")
     if code != 0:
-        what = argv[2] if argv[1:2] == ["-m"] else Path(argv[0]).name
         raise RuntimeError(f"{what} exited with code {code} (full log: {log_path}); last lines:\n{''.join(tail)}")
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    """`sig` to the child's process group (its Ray and vLLM helpers included); nothing if it is already gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def resume_point(checkpoint_dir: Path) -> str:
+    """Where verl's `resume_mode=auto` picks up: the step in `latest_checkpointed_iteration.txt`, which verl
+    writes after a checkpoint is complete (so a save cut short is never the one loaded).
+
+    >>> resume_point(Path("/nonexistent"))
+    'verl has no checkpoint in /nonexistent yet: the stage restarts from its first step'
+    """
+    marker = checkpoint_dir / "latest_checkpointed_iteration.txt"
+    step = marker.read_text().strip() if marker.is_file() else ""
+    if not step.isdigit():
+        return f"verl has no checkpoint in {checkpoint_dir} yet: the stage restarts from its first step"
+    return f"verl resumes from {checkpoint_dir / f'global_step_{step}'} (the steps after {step} are redone)"
 
 
 def latest_actor_checkpoint(checkpoint_dir: Path) -> Path:
