@@ -149,9 +149,10 @@ def episode_end(last: ParsedTurn, probes: int, limits: ProbeLimits, out_of_token
     return EpisodeEnd.TRUNCATED if out_of_tokens else EpisodeEnd.NO_ANSWER
 
 
-def render_observation(outcome: Outcome, limits: ProbeLimits) -> str:
+def render_observation(outcome: Outcome, limits: ProbeLimits, row_count: int | None = None) -> str:
     """The observation block of a probe's typed outcome: its status and the engine's error verbatim, or
     its columns and first `max_rows` rows with the true row count; the body cut at `max_chars`.
+    `row_count`: the true count when `outcome.rows` is only a preview (a reward server's /v1/execute).
 
     >>> print(render_observation(Outcome(Status.OK, ((1, "a"), (2, None), (3, "c")), ("id", "name")),
     ...                          ProbeLimits(max_rows=2)))
@@ -167,7 +168,7 @@ def render_observation(outcome: Outcome, limits: ProbeLimits) -> str:
     </observation>
     """
     if outcome.executed:
-        n = len(outcome.rows)
+        n = len(outcome.rows) if row_count is None else row_count
         shown = outcome.rows[:limits.max_rows]
         head = f"{outcome.status.value}: {n} row{'s' * (n != 1)}" + (f", first {len(shown)} shown" if n > len(shown)
                                                                       else "")

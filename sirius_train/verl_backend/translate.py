@@ -9,6 +9,8 @@ What each part of SPEC section 3 becomes in `python -m verl.trainer.main_ppo`:
     overlong shaping              reward.reward_manager.name=dapo + reward.reward_kwargs.overlong_buffer_cfg
     execution reward              reward.custom_reward_function -> rewards/verl_reward.py::compute_score
     entropy gate                  fixed/off: actor.entropy_coeff; adaptive: our trainer (see `entropy.py`)
+    multi-turn probes             rollout.multi_turn.* + agent.default_agent_loop=sirius_sql, the tool config
+                                  of `tool_config` (our SQL tool, parser and agent loop: `sql_tool.py`)
 
 Old spellings (`custom_reward_function.*`, `reward_model.reward_manager`, `actor.grad_clip`,
 `filter_groups.max_num_gen_batches`, ...) still parse in verl 0.9 but are migrated or ignored; they are
@@ -21,12 +23,18 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePath
 
+from data_synthesis.interaction import OBSERVATION_CLOSE, OBSERVATION_OPEN
 from rewards.reward import RewardTable
 from sirius_train.config import ConfigError, RunConfig, StageConfig
 
 # verl's main_ppo with a TaskRunner that registers the gated trainer in that one process (main_ppo.py).
 VERL_ENTRY = "sirius_train.verl_backend.main_ppo"
 GATED_TRAINER = "sirius_dapo"  # registered in verl's trainer registry by `entropy.py`
+# Multi-turn: registered by `sql_tool.py` when verl's agent-loop workers import it for the tool config.
+AGENT_LOOP = "sirius_sql"  # rollout.agent.default_agent_loop
+TOOL_PARSER = "sirius_sql"  # rollout.multi_turn.format
+TOOL_NAME = "sql"
+TOOL_CLASS = "sirius_train.verl_backend.sql_tool.SqlProbeTool"
 
 # Keys verl 0.9.1 still accepts but no longer reads (or reads only through a legacy migration), with the
 # key to use instead. Matched as a prefix of the override's key.
@@ -84,6 +92,7 @@ class StagePaths:
     db_root: str  # databases, for in-process scoring
     pythonpath: str  # the project root first, then the caller's PYTHONPATH: Ray workers import rewards/, sirius_train/
     metrics: str  # verl's file logger writes the step metrics here (JSONL)
+    tool_config: str = ""  # multi-turn: the SQL tool's config YAML (`tool_config`), written by the backend
 
 
 def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: StagePaths) -> list[str]:
@@ -223,6 +232,52 @@ def hydra_value(value: object) -> str:
     if re.fullmatch(r"[A-Za-z_/.][\w./-]*", text) and text.lower() not in ("true", "false", "null", "none"):
         return text
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def tool_config(limits, db_root: str, reward_url: str | None = None) -> dict:
+    """verl's tool config (`rollout.multi_turn.tool_config_path`): our SQL tool, where its probes run and
+    how far they go (`limits`: `rollout.multi_turn`, or an `interaction.ProbeLimits`)."""
+    config = {"type": "native", "db_root": db_root, "max_turns": limits.max_turns, "max_rows": limits.max_rows,
+              "max_chars": limits.max_chars, "turn_timeout_s": limits.turn_timeout_s}
+    if reward_url:  # the reward's servers run the probes too (token: SIRIUS_REWARD_TOKEN, never in the file)
+        config["reward_url"] = reward_url
+    return {"tools": [{"class_name": TOOL_CLASS, "config": config, "tool_schema": tool_schema()}]}
+
+
+def tool_schema() -> dict:
+    """The SQL tool in OpenAI function form. verl needs one; the model never sees it (no tool block in the
+    prompt): it writes `<sql>...</sql>` and the `sirius_sql` parser turns that into this call."""
+    return {"type": "function", "function": {
+        "name": TOOL_NAME, "description": "Run one read-only SQLite query on the question's database and read "
+                                          "its typed result (status, engine error, or the first rows).",
+        "parameters": {"type": "object", "required": ["query"],
+                       "properties": {"query": {"type": "string", "description": "one SQLite statement"}}}}}
+
+
+def multi_turn_overrides(limits, tool_config_path: str) -> list[tuple[str, object]]:
+    """The rollout as SIRIUS episodes in our agent loop: `limits.max_turns` probes, each one tool turn, and one
+    generation after each (the answer), so verl's `max_assistant_turns` is one more than its `max_user_turns`."""
+    prefix = "actor_rollout_ref.rollout.multi_turn"
+    return [(f"{prefix}.enable", True), (f"{prefix}.tool_config_path", tool_config_path),
+            (f"{prefix}.format", TOOL_PARSER), (f"{prefix}.max_parallel_calls", 1),
+            (f"{prefix}.max_user_turns", limits.max_turns), (f"{prefix}.max_assistant_turns", limits.max_turns + 1),
+            # verl cuts tool text at 256 characters by default; ours is already capped, so verl never cuts it
+            (f"{prefix}.max_tool_response_length", max_observation_chars(limits)),
+            (f"{prefix}.tool_response_truncate_side", "right"),
+            ("actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOP),
+            # the dataset would count the tool schemas into its prompt-length filter; our prompt shows none
+            ("data.tool_config_path", None)]
+
+
+def max_observation_chars(mt) -> int:
+    """The longest observation the SQL tool returns: the body (cut at `max_chars`; each neutralised
+    `</observation>` in the data grows by one character) inside the block's tags and newlines.
+
+    >>> from types import SimpleNamespace
+    >>> max_observation_chars(SimpleNamespace(max_chars=400))
+    457
+    """
+    return mt.max_chars + mt.max_chars // len(OBSERVATION_CLOSE) + len(OBSERVATION_OPEN) + len(OBSERVATION_CLOSE) + 2
 
 
 def _micro_batches(v) -> list[tuple[str, object]]:

@@ -1,0 +1,171 @@
+"""The multi-turn SQL episode of `data_synthesis.interaction` inside verl's agent loop: tool, parser, loop.
+
+verl's stock `tool_agent` loop speaks its own format: hermes `<tool_call>` JSON, the tool schemas rendered
+into the system prompt, each tool result a new `tool` chat turn. SIRIUS has ONE episode format for
+training, `sirius benchmark` and `sirius infer`: the prompt carries `probe_instructions`, the model writes
+`<sql>PROBE</sql>`, the observation follows inline in the same answer, the final answer is a ```sql block.
+Three registrations put that format into verl; all happen when verl's `AgentLoopWorker` imports this module
+for the tool config's `class_name`, before it builds any loop:
+
+- `SqlProbeTool` (a verl `BaseTool`): one probe on the row's database -- in-process in the read-only
+  sandbox on `db_root`, or on the reward servers' `/v1/execute` -- rendered as the observation;
+- `SqlProbeParser` (tool parser `sirius_sql`, `rollout.multi_turn.format`): a turn whose first closed
+  block is a `<sql>` probe calls the tool (`interaction.parse_turn`);
+- `SqlAgentLoop` (agent loop `sirius_sql`, `rollout.agent.default_agent_loop`): verl's `ToolAgentLoop`
+  with the probe instructions added to the prompt and no tool block, generation stopped at `</sql>`, and
+  the observation appended as plain tokens (`interaction.observation_segment`; mask 0, log-prob 0) instead
+  of a chat-template tool turn -- the text a local multi-turn rollout produces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.tool_agent_loop import AgentState, ToolAgentLoop
+from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+from data_synthesis.interaction import (
+    OBSERVATION_OPEN,
+    PROBE_CLOSE,
+    ProbeLimits,
+    TurnKind,
+    observation_segment,
+    parse_turn,
+    render_observation,
+    run_probe,
+    with_probe_instructions,
+)
+from rewards.databases import resolve_db_path
+from rewards.outcome import Outcome, Status
+from rewards.sandbox import Sandbox
+from sirius_train.verl_backend import translate
+from sirius_train.verl_backend.translate import AGENT_LOOP, TOOL_NAME, TOOL_PARSER
+
+
+class SqlProbeTool(BaseTool):
+    """Runs one probe per call on the database of the trajectory's row (`create_kwargs={"db_id": ...}`).
+
+    `config` is the tool YAML's `config` (`translate.tool_config`): `db_root`, the `ProbeLimits` fields, and
+    `reward_url` to run probes on reward servers (token from `SIRIUS_REWARD_TOKEN`) with in-process probes
+    on `db_root` while they are down, as the reward falls back.
+    """
+
+    def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None):
+        super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(translate.tool_schema()))
+        self.limits = ProbeLimits(max_turns=int(config["max_turns"]), max_rows=int(config["max_rows"]),
+                                  max_chars=int(config["max_chars"]), turn_timeout_s=float(config["turn_timeout_s"]))
+        self.db_root, self.reward_url = config.get("db_root"), config.get("reward_url")
+        if not (self.db_root or self.reward_url):
+            raise ValueError("sirius SQL tool: its config needs db_root (in-process probes) or reward_url")
+        self._db_ids: dict[str, str] = {}
+        self._client = None
+
+    async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
+        db_id = (kwargs.get("create_kwargs") or {}).get("db_id")
+        if not db_id:
+            raise ValueError("sirius SQL tool: create_kwargs needs the row's db_id")
+        instance_id = instance_id or uuid4().hex
+        self._db_ids[instance_id] = str(db_id)
+        return instance_id, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
+        """The probe's observation; step reward 0 (the episode is scored on its final answer alone)."""
+        text = await asyncio.to_thread(self._probe, self._db_ids[instance_id], parameters.get("query"))
+        return ToolResponse(text=text), 0.0, {}
+
+    async def calc_reward(self, instance_id: str, **kwargs) -> float:
+        return 0.0
+
+    async def release(self, instance_id: str, **kwargs) -> None:
+        self._db_ids.pop(instance_id, None)
+
+    def _probe(self, db_id: str, query: str | None) -> str:
+        """The observation of one probe: on the servers, else (or while they are down) in-process."""
+        if self.reward_url:
+            from rewards.client import RewardServerUnavailable
+
+            try:
+                return self._on_server(db_id, query)
+            except RewardServerUnavailable:
+                if not self.db_root:
+                    raise
+        with Sandbox(resolve_db_path(self.db_root, db_id), self.limits.sandbox_limits()) as sandbox:
+            return run_probe(sandbox, query, self.limits)
+
+    def _on_server(self, db_id: str, query: str | None) -> str:
+        from rewards.client import RewardClient
+
+        if self._client is None:
+            self._client = RewardClient(self.reward_url, token=os.environ.get("SIRIUS_REWARD_TOKEN"),
+                                        timeout_s=max(30.0, 4 * self.limits.turn_timeout_s))
+        answer = self._client.execute(db_id, query or "", max_rows=self.limits.max_rows)
+        outcome = Outcome(Status(answer.status), rows=tuple(tuple(r) for r in answer.rows),
+                          columns=tuple(answer.columns), error=answer.error, elapsed_s=answer.elapsed_s)
+        return render_observation(outcome, self.limits, row_count=answer.row_count)
+
+
+@ToolParser.register(TOOL_PARSER)
+class SqlProbeParser(ToolParser):
+    """A turn whose first closed block is `<sql>PROBE</sql>` calls the SQL tool with `{"query": PROBE}`;
+    a final answer (or nothing) calls nothing, and verl's loop ends the episode."""
+
+    async def extract_tool_calls(self, responses_ids: list[int], tools=None) -> tuple[str, list[FunctionCall]]:
+        text = self.tokenizer.decode(responses_ids, skip_special_tokens=True)
+        turn = parse_turn(text)
+        if turn.kind is not TurnKind.PROBE:
+            return text, []
+        return text, [FunctionCall(name=TOOL_NAME, arguments=json.dumps({"query": turn.sql}, ensure_ascii=False))]
+
+
+@register(AGENT_LOOP)
+class SqlAgentLoop(ToolAgentLoop):
+    """verl's tool loop in the SIRIUS episode format (see the module docstring). Turn limits
+    (`max_user_turns` = probes, `max_assistant_turns` = probes + 1), the response budget, the tool's
+    create/execute/release and verl's cut of over-long tool text stay `ToolAgentLoop`'s own."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tool_schemas = []  # no tool block in the chat template: the prompt is the single-turn prompt
+        self.limits = self.tools[TOOL_NAME].limits
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs):
+        kwargs["raw_prompt"] = with_probe_instructions([dict(m) for m in kwargs["raw_prompt"]], self.limits)
+        if not kwargs.get("tools_kwargs"):  # the row's database: the db_id the reward reads too
+            db_id = (kwargs.get("extra_info") or {}).get("db_id")
+            kwargs["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": {"db_id": db_id}}}
+        return await super().run(sampling_params, **kwargs)
+
+    async def _handle_generating_state(self, agent_data, sampling_params: dict[str, Any],
+                                       ignore_termination: bool = False) -> AgentState:
+        stop = [*(sampling_params.get("stop") or []), PROBE_CLOSE]  # a probe ends the turn, as locally
+        return await super()._handle_generating_state(agent_data, {**sampling_params, "stop": stop},
+                                                      ignore_termination)
+
+    async def _handle_processing_tools_state(self, agent_data) -> AgentState:
+        """Run the turn's probe; its observation joins the context as tokens the loss does not see."""
+        response, reward, _ = await self._call_tool(agent_data.tool_calls[0], agent_data.tools_kwargs, agent_data)
+        if reward is not None:
+            agent_data.tool_rewards.append(reward)
+        ids = self.tokenizer.encode(observation_segment(self._as_observation(response.text)),
+                                    add_special_tokens=False)
+        if len(agent_data.response_mask) + len(ids) >= self.response_length:
+            return AgentState.TERMINATED
+        agent_data.prompt_ids = agent_data.prompt_ids + ids
+        agent_data.response_mask = agent_data.response_mask + [0] * len(ids)
+        if agent_data.response_logprobs:
+            agent_data.response_logprobs = agent_data.response_logprobs + [0.0] * len(ids)
+        agent_data.user_turns += 1
+        return AgentState.GENERATING
+
+    def _as_observation(self, text: str | None) -> str:
+        """verl's own messages (a failed tool call, e.g. the servers down with no `db_root`) typed as errors."""
+        if text and text.startswith(OBSERVATION_OPEN):
+            return text
+        return render_observation(Outcome(Status.ERROR, error=text or "the probe returned nothing"), self.limits)

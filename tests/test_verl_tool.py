@@ -1,0 +1,229 @@
+"""The SIRIUS SQL tool inside verl 0.9.1's own tool machinery, on real token ids and real SQLite files.
+
+verl builds the tool from our tool config with its own `initialize_tools_from_config`, picks our parser
+from its `ToolParser` registry and runs `create/execute/release` as its `ToolAgentLoop` does. Nothing of
+verl is replaced; the databases are the demo SQLite files and a real reward server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+
+import pytest
+import yaml
+from conftest import import_verl
+
+import_verl("verl")
+
+from verl.experimental.agent_loop.tool_parser import ToolParser  # noqa: E402
+from verl.tools.tool_registry import initialize_tools_from_config  # noqa: E402
+
+from data_synthesis.interaction import OBSERVATION_CLOSE, ProbeLimits, render_observation  # noqa: E402
+from rewards.outcome import Outcome, Status  # noqa: E402
+from sirius_train.local.model import NANO_CHAT_TEMPLATE, train_tokenizer  # noqa: E402
+import sirius_train.verl_backend.sql_tool  # noqa: E402, F401  (registers our parser and agent loop with verl)
+from sirius_train.verl_backend.translate import (  # noqa: E402
+    TOOL_NAME,
+    TOOL_PARSER,
+    max_observation_chars,
+    tool_config,
+)
+
+pytestmark = pytest.mark.verl
+LIMITS = ProbeLimits(max_turns=2, max_rows=3, max_chars=200, turn_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = ["SELECT count(*) FROM customers WHERE city = 'Paris'", "<sql>SELECT name FROM products</sql>",
+             "```sql\nSELECT 1\n```", "Let me look at the table first."]
+    tok = train_tokenizer(texts * 20, 400)
+    # as Qwen's templates do, render tool schemas into the prompt when given some (ours must give none)
+    tok.chat_template = "{% if tools %}<|system|>tools: {{ tools | tojson }}\n{% endif %}" + NANO_CHAT_TEMPLATE
+    return tok
+
+
+def build_tool(tmp_path, db_root, reward_url=None):
+    path = tmp_path / "sql_tool.yaml"
+    path.write_text(yaml.safe_dump(tool_config(LIMITS, str(db_root), reward_url)))
+    (tool,) = initialize_tools_from_config(str(path))  # verl's own loader: imports our class by its class_name
+    return tool
+
+
+def probe(tool, db_id, query):
+    async def episode():
+        instance, _ = await tool.create(create_kwargs={"db_id": db_id})
+        try:
+            return await tool.execute(instance, {"query": query})
+        finally:
+            await tool.release(instance)
+
+    response, reward, _ = asyncio.run(episode())
+    assert reward == 0.0
+    return response.text
+
+
+def test_parser_reads_a_probe_from_real_token_ids(tokenizer):
+    parser = ToolParser.get_tool_parser(TOOL_PARSER, tokenizer)  # what ToolAgentLoop does with multi_turn.format
+    turn = "Let me look at the table first. <sql>SELECT count(*) FROM customers WHERE city = 'Paris'</sql>"
+    ids = tokenizer.encode(turn, add_special_tokens=False)
+    assert len(ids) > 10
+    content, calls = asyncio.run(parser.extract_tool_calls(ids))
+    assert content == turn
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (TOOL_NAME, {"query": "SELECT count(*) FROM customers WHERE city = 'Paris'"})]
+
+
+@pytest.mark.parametrize("turn", [
+    "```sql\nSELECT 1\n```",  # the final answer: no call, the loop ends the episode
+    "```sql\nSELECT 1\n``` then <sql>SELECT 2</sql>",  # the first closed block decides, as locally
+    "<sql>SELECT name FROM products",  # an unclosed probe is no probe
+    '<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}</tool_call>',  # hermes is not our format
+])
+def test_parser_calls_nothing_without_a_closed_first_probe(tokenizer, turn):
+    parser = ToolParser.get_tool_parser(TOOL_PARSER, tokenizer)
+    _, calls = asyncio.run(parser.extract_tool_calls(tokenizer.encode(turn, add_special_tokens=False)))
+    assert calls == []
+
+
+def test_tool_runs_probes_in_the_sandbox_and_types_them(tmp_path, demo_db_root):
+    tool = build_tool(tmp_path, demo_db_root)
+    assert tool.name == TOOL_NAME and tool.limits == LIMITS
+    db = demo_db_root / "retail" / "retail.sqlite"
+    paris = sqlite3.connect(db).execute("SELECT count(*) FROM customers WHERE city = 'Paris'").fetchone()[0]
+    text = probe(tool, "retail", "SELECT count(*) FROM customers WHERE city = 'Paris'")
+    assert text == f"<observation>\nok: 1 row\ncount(*)\n{paris}\n</observation>"
+    many = probe(tool, "retail", "SELECT id FROM orders")  # 1500 rows: 3 shown, the true count stated
+    assert many.splitlines()[1:6] == ["ok: 1500 rows, first 3 shown", "id", "1", "2", "3"]
+    assert probe(tool, "retail", "SELECT nme FROM customers").startswith("<observation>\nerror: no such column: nme")
+
+
+def test_hostile_probe_is_typed_and_the_database_is_unchanged(tmp_path, demo_db_root):
+    tool = build_tool(tmp_path, demo_db_root)
+    db = demo_db_root / "retail" / "retail.sqlite"
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    for query in ("DELETE FROM customers", "DROP TABLE orders", "ATTACH DATABASE '/tmp/x.db' AS x",
+                  "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"):
+        status = probe(tool, "retail", query).splitlines()[1].split(":")[0]
+        assert status in (Status.REJECTED, Status.ERROR, Status.TIMEOUT), query
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_reward_server_probes_read_as_in_process_ones(tmp_path, demo_db_root):
+    from server_harness import running_server
+
+    from rewards.service import ServerConfig
+
+    local = build_tool(tmp_path, demo_db_root)
+    with running_server(ServerConfig(demo_db_root, workers=1, timeout_s=1.0)) as server:
+        remote = build_tool(tmp_path, None, reward_url=server.url)
+        for query in ("SELECT id, name FROM customers ORDER BY id", "SELECT count(*) FROM orders",
+                      "SELECT nme FROM customers", "DELETE FROM customers"):
+            assert probe(remote, "retail", query) == probe(local, "retail", query), query
+        assert sum(server.service.stats()["outcomes"].values()) == 4  # every remote probe ran on the server
+
+
+def test_verl_never_cuts_an_observation(tmp_path):
+    """`max_tool_response_length` (verl: 256 by default) covers the longest observation the tool renders."""
+    hostile = OBSERVATION_CLOSE * 100  # each neutralised closing tag grows by one character
+    for outcome in (Outcome(Status.OK, ((hostile, hostile),) * 50, ("a", "b")), Outcome(Status.ERROR, error=hostile),
+                    Outcome(Status.OK, (("x" * 5000,),), ("c",))):
+        assert len(render_observation(outcome, LIMITS)) <= max_observation_chars(LIMITS)
+    # a body of exactly max_chars (no cut), as many closing tags as fit: 13 grow by one character each
+    fits = OBSERVATION_CLOSE * 13 + "x" * (LIMITS.max_chars - len("error: ") - 13 * len(OBSERVATION_CLOSE))
+    worst = render_observation(Outcome(Status.ERROR, error=fits), LIMITS)
+    assert len(worst) == LIMITS.max_chars + 13 + len("<observation>\n\n</observation>")
+    assert len(worst) <= max_observation_chars(LIMITS) <= len(worst) + 1
+
+
+class ScriptedPolicy:
+    """Stands in for verl's vLLM/SGLang server (`LLMServerClient.generate`), which cannot run without a GPU:
+    each call answers the next scripted turn as real token ids, and records what the loop sent."""
+
+    def __init__(self, tokenizer, turns: list[str]):
+        self.turns = [tokenizer.encode(t, add_special_tokens=False) for t in turns]
+        self.calls: list[tuple[list[int], dict]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls.append((list(prompt_ids), dict(sampling_params)))
+        ids = self.turns[len(self.calls) - 1]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS):
+    """One rollout of verl's agent-loop machinery with our loop, built as verl's `AgentLoopWorker` builds it:
+    the composed trainer config, the registry entry, `hydra.utils.instantiate`, tools from the tool config."""
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from sirius_train.config import load_config
+    from sirius_train.verl_backend import plan_run
+    from sirius_train.verl_backend.compose import compose_verl_config
+    from sirius_train.verl_backend.translate import AGENT_LOOP, hydra_value, multi_turn_overrides
+
+    path = tmp_path / "sql_tool.yaml"
+    path.write_text(yaml.safe_dump(tool_config(limits, str(db_root))))
+    cfg = load_config(None, ["backend=verl", f"output_dir={tmp_path}", "stages.0.max_new_tokens=256"])
+    overrides = plan_run(cfg)[0].overrides + [f"{key}={hydra_value(value)}"
+                                              for key, value in multi_turn_overrides(limits, str(path))]
+    config = compose_verl_config(overrides)
+    policy = ScriptedPolicy(tokenizer, turns)
+    policy.config = config
+    tools = initialize_tools_from_config(config.actor_rollout_ref.rollout.multi_turn.tool_config_path)
+
+    async def episode():
+        loop = hydra.utils.instantiate(
+            config=_agent_loop_registry[config.actor_rollout_ref.rollout.agent.default_agent_loop],
+            trainer_config=DictConfigWrap(config=config), server_manager=policy, tokenizer=tokenizer, processor=None,
+            dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap(tools))
+        assert type(loop).__name__ == "SqlAgentLoop" and AGENT_LOOP == "sirius_sql"
+        messages = [{"role": "user", "content": "Question: how many customers live in Paris?"}]
+        return await loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": True}, raw_prompt=messages,
+                              extra_info={"db_id": "retail", "index": 0}, tools_kwargs={})
+
+    return asyncio.run(episode()), policy
+
+
+def test_agent_loop_runs_an_episode_in_our_format(tmp_path, demo_db_root, tokenizer):
+    from data_synthesis.interaction import observation_segment, probe_instructions
+
+    db = demo_db_root / "retail" / "retail.sqlite"
+    paris = sqlite3.connect(db).execute("SELECT count(*) FROM customers WHERE city = 'Paris'").fetchone()[0]
+    probe_turn = "Let me look at the table first. <sql>SELECT count(*) FROM customers WHERE city = 'Paris'</sql>"
+    answer_turn = "```sql\nSELECT count(*) FROM customers WHERE city = 'Paris'\n```" + tokenizer.eos_token
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn])
+
+    observation = observation_segment(f"<observation>\nok: 1 row\ncount(*)\n{paris}\n</observation>")
+    assert tokenizer.decode(out.response_ids) == probe_turn + observation + answer_turn
+    probe_ids, obs_ids, answer_ids = (tokenizer.encode(t, add_special_tokens=False)
+                                      for t in (probe_turn, observation, answer_turn))
+    # the observation is context (mask 0, log-prob 0), the policy's tokens are not
+    assert out.response_mask == [1] * len(probe_ids) + [0] * len(obs_ids) + [1] * len(answer_ids)
+    assert out.response_logprobs == [-0.5] * len(probe_ids) + [0.0] * len(obs_ids) + [-0.5] * len(answer_ids)
+    assert out.num_turns == 4  # verl counts 1 + assistant turns (2) + tool turns (1)
+    # every generation stops at the end of a probe; the prompt is ours: probe instructions, no tool block
+    assert all("</sql>" in params["stop"] for _, params in policy.calls)
+    prompt = tokenizer.decode(out.prompt_ids)
+    assert probe_instructions(LIMITS) in prompt and "tools:" not in prompt
+    # the second generation continues from the prompt, the probe and its observation
+    assert policy.calls[1][0] == out.prompt_ids + probe_ids + obs_ids
+
+
+def test_a_probe_past_max_turns_ends_the_episode_unanswered(tmp_path, demo_db_root, tokenizer):
+    one = ProbeLimits(max_turns=1, max_rows=3, max_chars=200, turn_timeout_s=1.0)
+    turns = ["<sql>SELECT count(*) FROM orders</sql>", "<sql>SELECT count(*) FROM products</sql>"]
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, turns, limits=one)
+    multi_turn = policy.config.actor_rollout_ref.rollout.multi_turn
+    assert (multi_turn.max_user_turns, multi_turn.max_assistant_turns) == (1, 2)
+    assert len(policy.calls) == 2  # the second probe is generated but never run
+    text = tokenizer.decode(out.response_ids)
+    assert text.count("<observation>") == 1 and text.endswith(turns[1])
+    from rewards.extract import extract_sql
+
+    assert extract_sql(text) is None  # no final answer: the reward scores a format failure
