@@ -3,6 +3,7 @@ the Slurm script, and signals during SFT / pass-rate estimation."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,3 +70,71 @@ def test_the_verl_stage_saves_every_checkpoint_every_steps_keeps_n_and_resumes_a
     trainer = compose_verl_config(stage_overrides(cfg, 1, cfg.stages[0], paths)).trainer
     assert (trainer.save_freq, trainer.max_actor_ckpt_to_keep, trainer.resume_mode, trainer.default_local_dir) == (
         3, 4, "auto", str(tmp_path / "verl_checkpoints"))
+
+
+SRUN = """#!/usr/bin/env bash
+# srun: runs its command on this machine; exec makes this pid the task, as srun forwards USR1/TERM to its task
+while [[ $# -gt 0 ]]; do
+    case "$1" in -w) shift 2 ;; -*) shift ;; *) break ;; esac
+done
+exec "$@"
+"""
+SCONTROL = """#!/usr/bin/env bash
+case "$1" in
+    show) printf 'n1\\nn2\\n' ;;
+    requeue) echo "requeue $2" >> "$OUT/scontrol.log" ;;
+esac
+"""
+RAY = "#!/usr/bin/env bash\nexec sleep 60  # `ray start --block`\n"
+PYTHON = "#!/usr/bin/env bash\necho 2  # the alive check: both nodes joined\n"
+SIRIUS = """#!/usr/bin/env bash
+# sirius train: notes the signal it gets, then takes half a second to checkpoint and exits 0, as it does preempted
+echo "$*" > "$OUT/sirius.argv"
+got=""
+trap 'got=USR1' USR1
+trap 'got=TERM' TERM
+touch "$OUT/sirius.started"
+for _ in $(seq 100); do [[ -n "$got" ]] && break; sleep 0.1; done
+echo "$got" > "$OUT/sirius.sig"
+sleep 0.5
+touch "$OUT/sirius.exited"
+"""
+
+
+@pytest.mark.parametrize("sig,requeued", [("USR1", ["requeue 42"]), ("TERM", [])], ids=["USR1", "TERM"])
+def test_the_slurm_script_passes_the_signal_to_sirius_train_and_waits_for_it(tmp_path, sig, requeued):
+    """scripts/slurm_verl.sbatch run by bash with stand-ins for srun, scontrol, ray and `sirius`: the signal the
+    batch shell gets (`--signal=B:USR1`, or a preemption's TERM) reaches `sirius train`, the script exits with
+    its status only after it finished, and with SIRIUS_REQUEUE=1 requeues itself after the time-limit signal."""
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"srun": SRUN, "scontrol": SCONTROL, "ray": RAY, "python": PYTHON, "sirius": SIRIUS}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path), "CONFIG": "configs/sirius32b.yaml",
+           "SIRIUS_DB_ROOT": "/dbs", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "42",
+           "SLURM_SUBMIT_DIR": str(ROOT), "SIRIUS_NO_REWARD_SERVER": "1", "RAY_HEAD_WAIT": "0", "SIRIUS_REQUEUE": "1",
+           "RAY_NUM_GPUS": "8"}
+    log_path = tmp_path / "job.log"  # a file, not a pipe: the Ray stand-ins hold their copy of it open
+    with log_path.open("w") as job_log:
+        script = subprocess.Popen(["bash", str(ROOT / "scripts" / "slurm_verl.sbatch"), "stages.0.steps=3"],
+                                  env=env, stdout=job_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "sirius.started").exists():
+            assert script.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        os.kill(script.pid, getattr(signal, f"SIG{sig}"))  # B: the batch shell only
+        assert script.wait(timeout=30) == 0, log_path.read_text()
+        out = log_path.read_text()
+        assert (tmp_path / "sirius.exited").exists(), out  # it waited for the checkpointed stop
+        assert (tmp_path / "sirius.sig").read_text().strip() == sig
+        assert (tmp_path / "sirius.argv").read_text().strip() == "train configs/sirius32b.yaml verl.nnodes=2 stages.0.steps=3"
+        assert f"{sig} received: passing it on to sirius train" in out
+        log = tmp_path / "scontrol.log"
+        assert (log.read_text().split("\n")[:-1] if log.exists() else []) == requeued
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)  # the Ray stand-ins, as the end of a Slurm job would
