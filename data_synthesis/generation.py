@@ -118,15 +118,27 @@ class SQLBlockClosed(StoppingCriteria):
 
 
 def encode_prompts(tokenizer, prompts: list[list[dict]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask for chat prompts."""
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer([chat_text(tokenizer, p) for p in prompts], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = side
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+    """Prompt ids and mask for chat prompts, padded after their common prefix: [shared | pads | own tokens].
+
+    Questions on one database share the whole schema; laid out this way the shared tokens sit in the same
+    columns of every row, so their prefill runs once (`prompt_cache(shared=...)`). With nothing shared this
+    is left padding. Positions come from the mask (`left_pad_positions`), so the gap changes nothing.
+    """
+    ids = [tokenizer(chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+    width, shortest = max(map(len, ids)), min(map(len, ids))
+    c = 0  # tokens shared by all rows, leaving each row at least its last token after the gap
+    while c < shortest - 1 and all(x[c] == ids[0][c] for x in ids):
+        c += 1
+    pad = tokenizer.pad_token_id
+    rows = [x[:c] + [pad] * (width - len(x)) + x[c:] for x in ids]
+    mask = [[1] * c + [0] * (width - len(x)) + [1] * (len(x) - c) for x in ids]
+    return torch.tensor(rows, device=device), torch.tensor(mask, device=device)
+
+
+def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
+    """Leading columns every row holds, with the same tokens (the prefix `encode_prompts` lines up)."""
+    same = mask.bool().all(dim=0) & (ids == ids[:1]).all(dim=0)
+    return int(same.int().cumprod(dim=0).sum())
 
 
 @torch.no_grad()
@@ -151,7 +163,8 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
                 prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
                 rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(n)
                 # every prompt token but the last: `generate` must run at least one token itself
-                shared = prompt_cache(model, prompt_ids[:, :-1], prompt_mask[:, :-1], rows) \
+                shared = prompt_cache(model, prompt_ids[:, :-1], prompt_mask[:, :-1], rows,
+                                      shared=shared_prefix(prompt_ids[:, :-1], prompt_mask[:, :-1])) \
                     if prompt_ids.shape[1] > 1 else None
                 prompt_ids, prompt_mask = prompt_ids[rows], prompt_mask[rows]
                 recorder = SampledTokenLogprobs(temperature, prompt_ids.shape[1]) if record else None
@@ -193,8 +206,8 @@ def left_pad_positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                 rows: torch.Tensor) -> tuple[DynamicCache, torch.Tensor] | None:
+def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: torch.Tensor,
+                 shared: int = 0) -> tuple[DynamicCache, torch.Tensor] | None:
     """Run each prompt once; its KV cache and last-position logits, gathered so row r holds prompt rows[r].
 
     Rollouts (n answers per prompt) and updates (answers of a group in one micro-batch) both feed the same
@@ -202,14 +215,21 @@ def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     forward per row (tests check both) at a fraction of the compute, since text-to-SQL prompts (schema +
     question) are long and answers (one query) short. Returns None when the model's cache cannot be
     shared that way (linear-attention or quantized layers, encoder-decoders, or gradient checkpointing,
-    which drops caches in training mode): callers then run every row in full.
+    which drops caches in training mode): callers then run every row in full. The first `shared` columns,
+    identical in every row (`shared_prefix`), run once for all of them (inference only: no_grad callers).
     """
     if model.config.is_encoder_decoder:
         return None
     cache = DynamicCache(config=model.config)
     if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
         return None
-    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=left_pad_positions(prompt_mask),
+    positions = left_pad_positions(prompt_mask)
+    shared = min(shared, prompt_ids.shape[1] - 1) if len(prompt_ids) > 1 else 0
+    if shared > 0:  # one row of the common prefix, then every row's own tokens on top of it
+        model(input_ids=prompt_ids[:1, :shared], attention_mask=prompt_mask[:1, :shared],
+              position_ids=positions[:1, :shared], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(len(prompt_ids))
+    logits = model(input_ids=prompt_ids[:, shared:], attention_mask=prompt_mask, position_ids=positions[:, shared:],
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # (U, V)
     if cache.get_seq_length() != prompt_ids.shape[1]:
         return None

@@ -8,7 +8,7 @@ from tokenizers import decoders
 from test_samplers import _tiny_model
 
 from data_synthesis.generation import SQLBlockClosed, generate, stop_lengths
-from data_synthesis.prompts import render_prompt
+from data_synthesis.prompts import FALLBACK_TEMPLATE, render_prompt
 
 PAD, EOS = 0, 1
 
@@ -77,3 +77,33 @@ def test_stop_lengths_take_whichever_stop_came_first():
     resp = torch.tensor([[5, EOS, PAD, PAD], [5, 5, 5, EOS], [PAD, 5, PAD, 5], [5, EOS, PAD, PAD]])
     length, ended_with_eos = stop_lengths(resp, torch.tensor([-1, 2, -1, 3]), EOS)
     assert length.tolist() == [2, 2, 4, 2] and ended_with_eos.tolist() == [True, False, False, True]
+
+
+def test_questions_on_one_schema_share_its_prefill_and_answer_as_if_asked_alone():
+    """Prompts padded after their common prefix (the schema) prefill it once; greedy answers and the last
+    prompt logits are those of each prompt on its own, for questions of different lengths."""
+    from data_synthesis.generation import encode_prompts, prompt_cache, shared_prefix
+
+    model, tokenizer = _tiny_model()
+    with torch.no_grad():  # loud weights: answers that depend on the whole prompt, so a wrong position shows
+        for w in model.parameters():
+            w.add_(torch.randn_like(w) * 0.5)
+    schema = "CREATE TABLE singer (id INT, name TEXT, age INT); CREATE TABLE concert (id INT, year TEXT);"
+    prompts = [render_prompt(q, schema, system="") for q in ("How many?", "Name every singer older than 30.", "Ages")]
+    ids, mask = encode_prompts(tokenizer, prompts, "cpu")
+    own = [tokenizer(row[0]["content"], add_special_tokens=False)["input_ids"] for row in prompts]
+    shared = shared_prefix(ids, mask)
+    assert shared >= len(tokenizer("Database schema:\n" + schema, add_special_tokens=False)["input_ids"])
+    assert [r[m.bool()].tolist() for r, m in zip(ids, mask)] == [
+        tokenizer(tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True,
+                                                chat_template=FALLBACK_TEMPLATE), add_special_tokens=False)["input_ids"]
+        for p in prompts]  # every row holds its own prompt, only the pads moved
+    assert len(set(map(len, own))) == 3
+    rows = torch.arange(3)
+    with torch.no_grad():
+        _, once = prompt_cache(model, ids, mask, rows, shared=shared)
+        _, full = prompt_cache(model, ids, mask, rows)
+    assert torch.allclose(once, full, atol=1e-5)
+    together = generate(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=12).texts
+    alone = [generate(model, tokenizer, [p], n=1, temperature=0.0, max_new_tokens=12).texts[0] for p in prompts]
+    assert together == alone and len(set(alone)) > 1
