@@ -90,6 +90,12 @@ def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch
         kwargs["gguf_file"] = gguf_file
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    if gguf_file:  # transformers' GGUF tokenizer converter gives a byte-level BPE vocabulary bos as eos
+        # (SmolLM2: <|im_start|>, so answers ran past <|im_end|>); the file's own ids are in the model config
+        for role in ("bos", "eos", "pad"):
+            token_id = getattr(model.config, f"{role}_token_id", None)
+            if isinstance(token_id, int):
+                setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:
