@@ -55,3 +55,13 @@ def test_one_dapo_step_on_smollm2(smollm2, demo_db_root, tmp_path):
         assert row["pg_loss"] == row["pg_loss"]
     else:  # every group all-right or all-wrong: DAPO's dynamic sampling must not touch the weights
         assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_the_gguf_tokenizer_ends_answers_where_the_model_does(smollm2):
+    """The file's own special ids, not transformers' GGUF conversion (which gives SmolLM2 bos as eos)."""
+    model, tokenizer = smollm2
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == model.config.eos_token_id
+    assert tokenizer.bos_token == "<|im_start|>"
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+                                         tokenize=False)
+    assert "ok" + tokenizer.eos_token in turn  # an assistant turn of its template ends with that eos
