@@ -24,14 +24,16 @@ class NonFiniteGradients(TrainingHalted):
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_open: list[list[str]] = []  # the `caught` lists of the preemption_signals contexts now open, innermost last
 
 
 @contextmanager
 def preemption_signals(forward: Callable[[signal.Signals], None] | None = None):
     """Within: SIGTERM / SIGUSR1 are noted (their names appended to the yielded list) instead of ending the
     process, so the loop can finish its step and checkpoint; `forward(sig)`, when given, is called with each
-    one as it arrives (to pass it on to a child). Signal handlers exist only in the main thread."""
-    caught: list[str] = []
+    one as it arrives (to pass it on to a child). A signal an enclosing context caught is already in the list:
+    it asks this one to stop too. Signal handlers exist only in the main thread."""
+    caught: list[str] = [name] if (name := pending()) is not None else []
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
@@ -42,8 +44,30 @@ def preemption_signals(forward: Callable[[signal.Signals], None] | None = None):
             forward(signal.Signals(signum))
 
     previous = {s: signal.signal(s, note) for s in PREEMPTION_SIGNALS}
+    _open.append(caught)
     try:
         yield caught
     finally:
+        _open.remove(caught)
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def pending() -> str | None:
+    """The name of a preemption signal an open `preemption_signals` context has caught, or None."""
+    return next((caught[0] for caught in _open if caught), None)
+
+
+def stop_if_preempted(what: str) -> None:
+    """At a point where everything so far is on disk: `Preempted("<signal>: <what>")` if a signal is pending."""
+    if (name := pending()) is not None:
+        raise Preempted(f"{name}: {what}")
+
+
+def preemptible(progress: Callable[[int], None], what: str) -> Callable[[int], None]:
+    """`progress`, then `stop_if_preempted(what)`: for a loop that ticks only after its work is written
+    (pass-rate estimation appends and fsyncs each chunk before it reports it)."""
+    def tick(n: int) -> None:
+        progress(n)
+        stop_if_preempted(what)
+    return tick

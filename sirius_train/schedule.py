@@ -25,6 +25,8 @@ from data_synthesis.model_card import CARD_FILE, read_card, write_card
 from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
 from data_synthesis.records import Example, read_examples, write_examples
 from sirius_train.config import RunConfig, StageConfig, to_yaml
+from sirius_train.halts import preemption_signals, stop_if_preempted
+from sirius_train.local.ranks import launch_world_size
 from sirius_train.progress import stderr
 
 
@@ -166,7 +168,20 @@ def _mark_done(phase_dir: Path, info: dict) -> None:
 
 
 def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
-    """Run (or resume) the schedule -- or only its warm start -- and return the summary (`run_dir/summary.json`)."""
+    """Run (or resume) the schedule -- or only its warm start -- and return the summary (`run_dir/summary.json`).
+
+    SIGTERM / SIGUSR1 stop it at the next point where everything done is on disk, with `Preempted`: the end
+    of a DAPO step or an SFT step (each checkpointed), a finished chunk of pass-rate estimates (cached), the
+    end of a phase (DONE.json). Other work in progress (synthesis, evaluation, curriculum gap filling) runs to
+    that point first. Under a launcher the signal ends the process as before: the other ranks cannot follow.
+    """
+    if launch_world_size() > 1:
+        return _run(cfg, backend, sft_only)
+    with preemption_signals():
+        return _run(cfg, backend, sft_only)
+
+
+def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     from data_synthesis.curriculum import MutationFiller, build_curriculum, uniform_curriculum
     from data_synthesis.export import write_stage
     from data_synthesis.smoothing import SmoothingConfig
@@ -187,6 +202,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
         _mark_done(base_dir, info)
     write_phase_card(cfg, data, info)
     model = Path(info["model"])
+    stop_if_preempted(f"stopped after the base model ({base_dir / 'DONE.json'} written)")
 
     if cfg.sft.enabled:
         sft_dir = run_dir / "sft"
@@ -197,6 +213,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
             info = {"phase": "sft", "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
             _mark_done(sft_dir, info)
         write_phase_card(cfg, data, info)
+        stop_if_preempted(f"stopped after SFT and its evaluation ({sft_dir / 'DONE.json'} written)")
         model = Path(info["model"])
         summary["phases"].append(info)
         stderr.print(f"after SFT: held-out EX = {info['eval_exec_acc']:.1%}")
@@ -224,6 +241,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
                                 compare=data.compare, prompt_format=data.prompt_format)
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
             t_curriculum = time.monotonic() - t0
+            stop_if_preempted(f"stopped before training {stage.name} (its curriculum {paths['parquet']} written)")
             if curriculum.examples:
                 model_out = backend.train_stage(index, stage, paths["parquet"], model, data, stage_dir)
             else:  # every example solved (p = 1) or never solved (p = 0): DAPO has no gradient to follow
@@ -237,6 +255,7 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
                     "curriculum_report": curriculum.report, **figures}
             _mark_done(stage_dir, info)
         write_phase_card(cfg, data, info)
+        stop_if_preempted(f"stopped after {stage.name} and its evaluation ({stage_dir / 'DONE.json'} written)")
         model = Path(info["model"])
         summary["phases"].append(info)
         stderr.print(f"after {info['phase']}: held-out EX = {info['eval_exec_acc']:.1%}")

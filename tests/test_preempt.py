@@ -131,10 +131,79 @@ def test_the_slurm_script_passes_the_signal_to_sirius_train_and_waits_for_it(tmp
         out = log_path.read_text()
         assert (tmp_path / "sirius.exited").exists(), out  # it waited for the checkpointed stop
         assert (tmp_path / "sirius.sig").read_text().strip() == sig
-        assert (tmp_path / "sirius.argv").read_text().strip() == "train configs/sirius32b.yaml verl.nnodes=2 stages.0.steps=3"
+        argv = (tmp_path / "sirius.argv").read_text().strip()
+        assert argv == "train configs/sirius32b.yaml verl.nnodes=2 stages.0.steps=3"
         assert f"{sig} received: passing it on to sirius train" in out
         log = tmp_path / "scontrol.log"
         assert (log.read_text().split("\n")[:-1] if log.exists() else []) == requeued
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(script.pid, signal.SIGKILL)  # the Ray stand-ins, as the end of a Slurm job would
+
+
+def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_same_weights(tmp_path):
+    """SIGTERM mid-SFT (a real signal to this process, inside the schedule's `preemption_signals`): the step in
+    progress ends, the Trainer's checkpoint is written, `Preempted` says so; rerunning resumes from that step
+    and ends with the weights of an uninterrupted SFT, exactly, on CPU."""
+    import copy
+
+    import torch
+    from transformers import TrainerCallback
+
+    from sirius_train.halts import preemption_signals
+    from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
+    from sirius_train.local.sft import train_sft
+
+    torch.set_num_threads(1)
+    pairs = [([{"role": "user", "content": f"count rows of t{i}"}], f"SELECT COUNT(*) FROM t{i}") for i in range(12)]
+    tokenizer = train_tokenizer([p[-1]["content"] + a for p, a in pairs] * 4, 256)
+    model = build_nano_model(NanoModelConfig(vocab_size=256, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2),
+                             tokenizer)
+    options = {"epochs": 4, "lr": 5e-3, "batch_size": 4, "seed": 3}  # 3 steps an epoch, 12 in all
+
+    class SignalAtStep3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    reference = copy.deepcopy(model)
+    train_sft(reference, tokenizer, pairs, tmp_path / "reference", **options)
+    interrupted = copy.deepcopy(model)
+    with preemption_signals(), pytest.raises(Preempted, match=r"^SIGTERM: SFT stopped after step 3 of 12, "
+                                                               rf"checkpoint {tmp_path}/sft/checkpoint-3 written$"):
+        train_sft(interrupted, tokenizer, pairs, tmp_path / "sft", callbacks=[SignalAtStep3()], **options)
+    resumed = copy.deepcopy(model)
+    figures = train_sft(resumed, tokenizer, pairs, tmp_path / "sft", **options)
+    assert figures["sft_steps"] == 12
+    for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_signal_during_pass_rate_estimation_stops_after_a_cached_chunk_and_the_rerun_finishes_it(demo_db_root,
+                                                                                                    tmp_path):
+    """SIGUSR1 while pass rates are estimated (real HTTP sampler, real sandboxed scoring): the estimate stops
+    at the end of the chunk in progress, which is in the cache; the rerun samples only the rest and gets the
+    rates of an uninterrupted estimate."""
+    from fake_openai import FakeOpenAIServer
+    from test_synth_difficulty import K, _answerer, _expected, _pool
+
+    from data_synthesis.difficulty import estimate_pass_rates
+    from data_synthesis.samplers import OpenAISampler
+    from sirius_train.halts import preemptible, preemption_signals
+
+    pool = _pool(demo_db_root)
+    cache = tmp_path / "passrates.cache.jsonl"
+
+    def signal_after_the_first_chunk(n: int) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    with FakeOpenAIServer(_answerer(pool)) as server:
+        sampler = OpenAISampler(server.url, "policy", concurrency=4)
+        with preemption_signals(), pytest.raises(Preempted, match="^SIGUSR1: stage1: pass rates stopped"):
+            estimate_pass_rates(pool, sampler, demo_db_root, K, cache_path=cache, batch_size=5, seed=3,
+                                progress=preemptible(signal_after_the_first_chunk, "stage1: pass rates stopped"))
+        assert len(server.requests) == 5 and len(cache.read_text().splitlines()) == 5
+        rates = estimate_pass_rates(pool, sampler, demo_db_root, K, cache_path=cache, batch_size=5, seed=3)
+        assert len(server.requests) == len(pool)  # the first chunk came from the cache
+    assert rates == {e.id: _expected(i) for i, e in enumerate(pool)}

@@ -68,6 +68,15 @@ def run_schedule(cfg, sft_only: bool = False) -> dict:
         backend.close()
 
 
+def preempted_exit(e: Exception) -> typer.Exit:
+    """A preemption is a clean stop: its reason and the command that resumes, on stderr; exit code 0."""
+    import shlex
+    import sys
+
+    stderr.print(f"preempted -- {escape(str(e))}; resume with: {escape(shlex.join(['sirius', *sys.argv[1:]]))}")
+    return typer.Exit(0)
+
+
 def print_verl_plan(cfg) -> None:
     """Each stage's exact verl command and resolved config on stdout; a key verl would not read is an error."""
     from sirius_train.config import ConfigError
@@ -159,9 +168,6 @@ def register(app: typer.Typer) -> None:
                          "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
             raise typer.Exit(2)
         preflight(cfg)
-        import shlex
-        import sys
-
         from rewards.client import RewardServerUnavailable
         from sirius_train.config import ConfigError
         from sirius_train.halts import Preempted, TrainingHalted
@@ -170,9 +176,7 @@ def register(app: typer.Typer) -> None:
         try:
             summary = run_schedule(cfg)
         except Preempted as e:  # the cluster asked for the node back: a clean stop, resumable
-            resume = shlex.join(["sirius", *sys.argv[1:]])
-            stderr.print(f"preempted -- {escape(str(e))}; resume with: {escape(resume)}")
-            raise typer.Exit(0) from None
+            raise preempted_exit(e) from None
         except (ConfigError, TrainingHalted, CheckpointWriteError, RewardServerUnavailable) as e:  # a diverged run, ...
             raise fail(e) from None
         print_summary(summary)
@@ -186,6 +190,7 @@ def register(app: typer.Typer) -> None:
 
         Under a launcher (torchrun, deepspeed, accelerate launch) rank 0 runs it and the other ranks join its SFT.
         """
+        from sirius_train.halts import Preempted
         from sirius_train.local import ranks
         from sirius_train.local.sft import follow_sft
 
@@ -199,5 +204,7 @@ def register(app: typer.Typer) -> None:
                 return
             with ranks.leading():
                 print_summary(run_schedule(cfg, sft_only=True))
+        except Preempted as e:
+            raise preempted_exit(e) from None
         finally:
             ranks.finish()

@@ -136,6 +136,7 @@ class LocalBackend:
     def pass_rates(self, examples, model_path: Path, stage: StageConfig, data, out: Path):
         from data_synthesis.difficulty import estimate_pass_rates
         from data_synthesis.samplers import HFSampler
+        from sirius_train.halts import preemptible
         from sirius_train.progress import progress_bar
 
         model, tokenizer = self.load(model_path)
@@ -145,7 +146,8 @@ class LocalBackend:
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
                 temperature=stage.temperature, top_p=stage.top_p, max_new_tokens=stage.max_new_tokens,
                 seed=self.cfg.seed, batch_size=max(1, stage.gen_batch_size // stage.estimate_k), compare=data.compare,
-                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path), progress=advance,
+                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path),
+                progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"),
                 prompt_format=data.prompt_format)
         return rates, sampler
 

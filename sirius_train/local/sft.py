@@ -190,7 +190,11 @@ def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: 
     from transformers import PrinterCallback, Trainer
     from transformers.trainer_utils import get_last_checkpoint
 
+    from sirius_train.local.sft_preemption import StopOnPreemption
+
     output_dir = Path(output_dir)
+    if ranks.launch_world_size() <= 1:  # one process: a preemption checkpoints the step (ranks could not follow)
+        callbacks = [*callbacks, StopOnPreemption()]
     on_gpu = next(model.parameters()).is_cuda
     with _deepspeed_process_group(options.deepspeed):
         ds_config = None

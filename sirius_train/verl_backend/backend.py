@@ -117,6 +117,7 @@ class VerlBackend:
         """Pass rates through vLLM engines on the job's GPUs; the sampler stays up for the curriculum's gap filling."""
         from data_synthesis.difficulty import estimate_pass_rates, prompt_for
         from data_synthesis.ray_sampler import estimate_calls
+        from sirius_train.halts import preemptible
         from sirius_train.progress import progress_bar
 
         sampler = self._sampler(model, stage.name)
@@ -128,7 +129,8 @@ class VerlBackend:
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
                 seed=self.cfg.seed, batch_size=per_call, compare=data.compare, timeout_s=self.cfg.reward.timeout_s,
-                policy=str(model), progress=advance, prompt_format=data.prompt_format, **sampling)
+                policy=str(model), prompt_format=data.prompt_format, **sampling,
+                progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"))
         return rates, sampler
 
     def evaluate(self, model: Path, data, stage: str) -> dict:
