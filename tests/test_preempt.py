@@ -28,6 +28,24 @@ def test_the_halts_module_imports_without_torch():
     assert out.split("\n")[0] == "True True []"
 
 
+def test_a_signal_caught_outside_is_pending_inside_and_handlers_come_back():
+    """The schedule's context catches a signal between phases; a phase's own context opened later starts with
+    it (so the DAPO loop stops after one step, the verl launcher stops verl at once); both restore handlers."""
+    from sirius_train.halts import pending, preemption_signals, stop_if_preempted
+
+    before = signal.getsignal(signal.SIGUSR1)
+    with preemption_signals() as outer:
+        assert pending() is None
+        stop_if_preempted("nothing pending: no stop")
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert outer == ["SIGUSR1"]
+        with preemption_signals() as inner:
+            assert inner == ["SIGUSR1"] and pending() == "SIGUSR1"
+        with pytest.raises(Preempted, match="^SIGUSR1: stopped after base$"):
+            stop_if_preempted("stopped after base")
+    assert pending() is None and signal.getsignal(signal.SIGUSR1) is before
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_to_the_launcher_reaches_verls_process_group_and_ends_in_preempted(tmp_path, sig):
     """verl's launcher forwards the signal to verl's whole process group, waits for it, raises `Preempted`
