@@ -11,7 +11,7 @@ computes anyway, so that the update needs no separate pass for pi_old.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from transformers import (DynamicCache, GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
@@ -34,6 +34,10 @@ class Rollout:
     truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without finishing
     old_log_prob: torch.Tensor | None = None  # (N, R) log pi_old(token) at sampling time, 0 off the mask
     old_entropy: torch.Tensor | None = None  # (N, R) entropy of pi_old there, 0 off the mask
+    # multi-turn episodes (data_synthesis.multiturn); None in single-turn rollouts
+    loss_mask: torch.Tensor | None = None  # (N, R) 1 on the policy's own tokens, 0 on observations (attended to)
+    answers: list[str | None] | None = None  # each episode's final SQL; None: it gave no final answer
+    probes: torch.Tensor | None = None  # (N,) probes each episode ran
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -43,12 +47,19 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)  # (N, P + R)
 
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """(N, R) the tokens the policy loss, its entropy and pi_old count: the sampled ones."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
+
     def select(self, index: torch.Tensor | list[int]) -> Rollout:
         index = torch.as_tensor(index, dtype=torch.long)
-        return Rollout(self.prompt_ids[index], self.prompt_mask[index], self.response_ids[index],
-                       self.response_mask[index], [self.texts[i] for i in index.tolist()], self.lengths[index],
-                       self.truncated[index], *(None if x is None else x[index]
-                                                 for x in (self.old_log_prob, self.old_entropy)))
+        rows = index.tolist()
+
+        def pick(x):
+            return None if x is None else [x[i] for i in rows] if isinstance(x, list) else x[index]
+
+        return Rollout(*(pick(getattr(self, f.name)) for f in fields(self)))
 
 
 class SampledTokenLogprobs(LogitsProcessor):
