@@ -8,14 +8,14 @@ is always asked, parsed and answered the same way (issue 19; SkyRL-SQL and MARS-
 - every model turn ends at the first closed `<sql>…</sql>` (a *probe*), closed ```sql block or
   `</answer>` (the *final answer*, read by `rewards.extract.extract_sql` as in single-turn), or at EOS
   with neither (`parse_turn`);
-- a probe runs in the read-only sandbox with a per-turn deadline (`run_probe`, the one I/O function
-  here), and its typed outcome comes back as an `<observation>…</observation>` block
+- a probe runs in the read-only sandbox with a per-turn deadline (`run_probe`, the I/O edge, and
+  `SandboxProbes`, which keeps one sandbox per database for it), and its typed outcome comes back as an `<observation>…</observation>` block
   (`render_observation`): the status, the engine's error verbatim, or a compact table capped at
   `max_rows` rows and `max_chars` characters that still states the true row count;
 - an episode that ends without a final answer is a format failure; one that runs out of probes
   (`max_turns`) or tokens is truncated (`episode_end`).
 
-Everything but `run_probe` is pure.
+Everything but `run_probe` and `SandboxProbes` is pure.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from rewards.databases import resolve_db_path
 from rewards.extract import extract_sql
 from rewards.outcome import Outcome, Status
 from rewards.sandbox import Limits, Sandbox
@@ -202,6 +203,32 @@ def run_probe(sandbox: Sandbox, sql: str | None, limits: ProbeLimits) -> str:
     observation text. Never raises for bad SQL: writes, ATTACH, huge results and timeouts come back typed."""
     outcome = sandbox.run(sql if sql is not None else "", timeout_s=limits.turn_timeout_s)
     return render_observation(outcome, limits)
+
+
+class SandboxProbes:
+    """`probes(db_id, sql) -> observation` on the databases under `db_root` (`<db_id>/<db_id>.sqlite`): `run_probe`
+    with one read-only sandbox per database, opened on first use and kept (opening costs more than a probe).
+    An unknown db_id raises `rewards.databases.UnknownDatabase`: a configuration error, not the model's."""
+
+    def __init__(self, db_root, limits: ProbeLimits):
+        self.db_root, self.limits = db_root, limits
+        self._sandboxes: dict[str, Sandbox] = {}
+
+    def __call__(self, db_id: str, sql: str | None) -> str:
+        if db_id not in self._sandboxes:
+            self._sandboxes[db_id] = Sandbox(resolve_db_path(self.db_root, db_id), self.limits.sandbox_limits())
+        return run_probe(self._sandboxes[db_id], sql, self.limits)
+
+    def close(self) -> None:
+        for sandbox in self._sandboxes.values():
+            sandbox.close()
+        self._sandboxes.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def observation_segment(observation: str) -> str:

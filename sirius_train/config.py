@@ -157,6 +157,22 @@ class RewardConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Episodes that probe the database before answering (`data_synthesis.interaction`; off by default)."""
+
+    enabled: bool = False
+    max_turns: int = 3  # probes per episode (a probe after the last one ends the episode as truncated)
+    max_rows: int = 5  # result rows an observation shows (it always states the true row count)
+    max_chars: int = 400  # characters of an observation's body
+    turn_timeout_s: float = 2.0  # SQLite deadline of one probe
+
+
+@dataclass
+class RolloutConfig:
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+
+
+@dataclass
 class LoggingConfig:
     backends: list[str] = field(default_factory=list)  # any of: wandb, tensorboard
     project: str = "sirius-sql"
@@ -224,6 +240,7 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     stages: list[StageConfig] = field(default_factory=lambda: [StageConfig(name="stage1"), StageConfig(name="stage2")])
     reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     verl: VerlConfig = field(default_factory=VerlConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -290,6 +307,15 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
+    mt = cfg.rollout.multi_turn
+    if mt.max_turns < 1:
+        bad("rollout.multi_turn.max_turns", mt.max_turns, "probes allowed per episode, >= 1 (turn it off with enabled)")
+    if mt.max_rows < 1:
+        bad("rollout.multi_turn.max_rows", mt.max_rows, "result rows an observation shows, >= 1")
+    if mt.max_chars < 40:
+        bad("rollout.multi_turn.max_chars", mt.max_chars, "need >= 40 characters: an observation must fit its status")
+    if not mt.turn_timeout_s > 0:
+        bad("rollout.multi_turn.turn_timeout_s", mt.turn_timeout_s, "a probe's deadline in seconds, > 0")
     if cfg.sft.batch_size < 1 or cfg.sft.gradient_accumulation_steps < 1:
         bad("sft.batch_size", cfg.sft.batch_size, "sft.batch_size and sft.gradient_accumulation_steps must be >= 1")
     _validate_verl(cfg, bad)

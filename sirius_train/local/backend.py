@@ -48,6 +48,7 @@ class LocalBackend:
         self.metrics = MetricsLog(cfg.run_dir / "metrics.jsonl", cfg.logging.backends, cfg.logging.project,
                                   cfg.name)
         self._executor: Executor | FallbackScorer | None = None
+        self._probes = None  # SandboxProbes of multi-turn runs, opened on first use
         self._loaded: tuple[Path, object, object] | None = None
 
     @property
@@ -71,6 +72,19 @@ class LocalBackend:
             else:
                 self._executor = in_process()
         return self._executor
+
+    @property
+    def multi_turn(self):
+        """(ProbeLimits, probe(db_id, sql) -> observation) when `rollout.multi_turn.enabled`, else None."""
+        mt = self.cfg.rollout.multi_turn
+        if not mt.enabled:
+            return None
+        from data_synthesis.interaction import ProbeLimits, SandboxProbes
+
+        if self._probes is None:
+            self._probes = SandboxProbes(self.cfg.data.db_root, ProbeLimits(
+                max_turns=mt.max_turns, max_rows=mt.max_rows, max_chars=mt.max_chars, turn_timeout_s=mt.turn_timeout_s))
+        return self._probes.limits, self._probes
 
     # ------------------------------------------------------------------ models
     def load(self, path: Path):
@@ -165,9 +179,11 @@ class LocalBackend:
             def show(step: int, row: dict) -> None:
                 advance()
 
+            limits, probe = self.multi_turn or (None, None)
             trainer = DAPOTrainer(model, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
                                   metrics=self.metrics, seed=self.cfg.seed + index, compare=data.compare,
-                                  evaluate=evaluate if stage.eval_every else None, progress=show)
+                                  evaluate=evaluate if stage.eval_every else None, progress=show,
+                                  multi_turn=limits, probe=probe)
             if trainer.resume():
                 stderr.print(f"resumed {stage.name} from step {trainer.step}")
                 advance(trainer.step)
@@ -195,9 +211,11 @@ class LocalBackend:
 
         return evaluate_policy(model, tokenizer, items, self.executor, compare=data.compare,
                                max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
-                               temperature=self.cfg.eval.temperature, seed=self.cfg.seed)
+                               temperature=self.cfg.eval.temperature, seed=self.cfg.seed, multi_turn=self.multi_turn)
 
     def close(self) -> None:
         if self._executor is not None:
             self._executor.close()
+        if self._probes is not None:
+            self._probes.close()
         self.metrics.close()

@@ -16,30 +16,47 @@ from data_synthesis.generation import generate
 
 def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str = "bird",
                     max_new_tokens: int = 96, batch_size: int = 64, return_predictions: bool = False,
-                    k: int = 0, temperature: float = 1.0, seed: int = 0) -> dict:
+                    k: int = 0, temperature: float = 1.0, seed: int = 0, multi_turn=None) -> dict:
     """`eval_exec_acc` (and per-database accuracy) of greedy answers to `items` (TrainItem-like).
 
     With `k`: also k samples per item at `temperature` -> `eval_pass_at_k`, `eval_maj_at_k`,
     `eval_mean_sampled_ex`, `eval_headroom` (the figures of `sirius benchmark`), drawn from a forked RNG so
-    evaluating never moves the training's random stream.
+    evaluating never moves the training's random stream. With `multi_turn` = (ProbeLimits, probe(db_id, sql)):
+    episodes instead of answers (`data_synthesis.multiturn`), plus `eval_turns_mean` and `eval_probe_share`.
     """
     if not items:
         raise ValueError("no evaluation items")
-    roll = generate(model, tokenizer, [it.prompt for it in items], n=1, temperature=0.0,
-                    max_new_tokens=max_new_tokens, batch_size=batch_size)
-    out = score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions or k > 0)
+    roll = _answers(model, tokenizer, items, multi_turn, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
+                    batch_size=batch_size)
+    out = score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions or k > 0,
+                        preds=roll.answers)
+    if roll.probes is not None:
+        out.update({"eval_turns_mean": float(roll.probes.float().mean()),
+                    "eval_probe_share": float((roll.probes > 0).float().mean())})
     if k:
         greedy = [p["match"] for p in (out["predictions"] if return_predictions else out.pop("predictions"))]
         out.update(_sampled_figures(model, tokenizer, items, executor, greedy, compare=compare, k=k,
                                     temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                    seed=seed))
+                                    seed=seed, multi_turn=multi_turn))
     return out
 
 
+def _answers(model, tokenizer, items, multi_turn, **sampling):
+    """The rollout of `items`: answers, or episodes when `multi_turn` = (limits, probe(db_id, sql)) is given."""
+    prompts = [it.prompt for it in items]
+    if multi_turn is None:
+        return generate(model, tokenizer, prompts, **sampling)
+    from data_synthesis.multiturn import generate_episodes
+
+    limits, probe = multi_turn
+    return generate_episodes(model, tokenizer, prompts, lambda i, sql: probe(items[i].db_id, sql), limits, **sampling)
+
+
 def score_answers(items, texts: list[str], executor: Executor, *, compare: str = "bird",
-                  return_predictions: bool = False) -> dict:
-    """The evaluation figures of one answer text per item, however the answers were generated."""
-    preds = [extract_sql(t) for t in texts]
+                  return_predictions: bool = False, preds: list[str | None] | None = None) -> dict:
+    """The evaluation figures of one answer text per item, however the answers were generated (`preds`: their SQL
+    when already read off, as for episodes, whose answer is their final turn's)."""
+    preds = [extract_sql(t) for t in texts] if preds is None else preds
     results = executor.score([ScoreItem(it.db_id, it.gold_sql, p, compare) for it, p in zip(items, preds)])
     per_db: dict[str, list[bool]] = {}
     for it, r in zip(items, results):
@@ -58,7 +75,7 @@ def score_answers(items, texts: list[str], executor: Executor, *, compare: str =
 
 
 def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, compare: str, k: int, temperature: float,
-                     max_new_tokens: int, batch_size: int, seed: int) -> dict:
+                     max_new_tokens: int, batch_size: int, seed: int, multi_turn=None) -> dict:
     import torch
 
     from sirius_train.benchmark import score_samples
@@ -66,9 +83,10 @@ def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, com
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        roll = generate(model, tokenizer, [it.prompt for it in items], n=k, temperature=temperature,
+        roll = _answers(model, tokenizer, items, multi_turn, n=k, temperature=temperature,
                         max_new_tokens=max_new_tokens, batch_size=batch_size)
-    sample_sql = [[extract_sql(t) for t in roll.texts[i * k:(i + 1) * k]] for i in range(len(items))]
+    answers = roll.answers if roll.answers is not None else [extract_sql(t) for t in roll.texts]
+    sample_sql = [answers[i * k:(i + 1) * k] for i in range(len(items))]
     scored = score_samples(executor, [(it.db_id, it.gold_sql) for it in items], sample_sql, compare, k)
     f = figures([QuestionScore(i, it.db_id, "", g, tuple(m), maj)
                  for i, (it, g, (m, maj)) in enumerate(zip(items, greedy, scored))], k)

@@ -43,6 +43,7 @@ from sirius_train.config import StageConfig
 from sirius_train.halts import NonFiniteGradients, Preempted, preemption_signals
 from sirius_train.local.checkpoint import capture_rng, latest_checkpoint, load_state, restore_rng, save_checkpoint
 from data_synthesis.generation import Rollout, generate, left_pad_positions, prompt_cache
+from data_synthesis.interaction import ProbeLimits
 from sirius_train.metrics import MetricsLog
 
 
@@ -119,9 +120,9 @@ def trim(roll: Rollout) -> Rollout:
     keep_r = roll.response_mask.any(dim=0).nonzero()
     p0 = int(keep_p[0]) if len(keep_p) else 0
     r1 = int(keep_r[-1]) + 1 if len(keep_r) else 1
-    old = [None if x is None else x[:, :r1] for x in (roll.old_log_prob, roll.old_entropy)]
+    old = [None if x is None else x[:, :r1] for x in (roll.old_log_prob, roll.old_entropy, roll.loss_mask)]
     return Rollout(roll.prompt_ids[:, p0:], roll.prompt_mask[:, p0:], roll.response_ids[:, :r1],
-                   roll.response_mask[:, :r1], roll.texts, roll.lengths, roll.truncated, *old)
+                   roll.response_mask[:, :r1], roll.texts, roll.lengths, roll.truncated, *old, roll.answers, roll.probes)
 
 
 def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -138,20 +139,31 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     assert all((r.old_log_prob is not None) == recorded for r in parts), "some parts carry pi_old, some do not"
     old = [torch.cat([right(getattr(r, name), R, 0.0) for r in parts]) if recorded else None
            for name in ("old_log_prob", "old_entropy")]
+    episodes = parts[0].loss_mask is not None  # multi-turn parts
+    assert all((r.loss_mask is not None) == episodes for r in parts), "some parts are episodes, some are not"
+    multi_turn = [torch.cat([right(r.loss_mask, R, 0) for r in parts]), [a for r in parts for a in r.answers],
+                  torch.cat([r.probes for r in parts])] if episodes else [None, None, None]
     return Rollout(torch.cat([left(r.prompt_ids, P, pad_id) for r in parts]),
                    torch.cat([left(r.prompt_mask, P, 0) for r in parts]),
                    torch.cat([right(r.response_ids, R, pad_id) for r in parts]),
                    torch.cat([right(r.response_mask, R, 0) for r in parts]),
                    [t for r in parts for t in r.texts], torch.cat([r.lengths for r in parts]),
-                   torch.cat([r.truncated for r in parts]), *old)
+                   torch.cat([r.truncated for r in parts]), *old, *multi_turn)
 
 
 class DAPOTrainer:
-    """Trains `model` on `items` for one stage, checkpointing into `ckpt_dir` and resuming from it."""
+    """Trains `model` on `items` for one stage, checkpointing into `ckpt_dir` and resuming from it.
+
+    Multi-turn rollouts (`rollout.multi_turn`): `multi_turn` gives the probe limits and `probe(db_id, sql)` runs
+    a probe and returns its observation (`data_synthesis.interaction.run_probe`); the update then counts only
+    the policy's own tokens (`Rollout.policy_mask`) in the loss, the entropy and pi_old.
+    """
 
     def __init__(self, model, tokenizer, items: list[TrainItem], stage: StageConfig, executor: Executor, *,
                  ckpt_dir, metrics: MetricsLog, seed: int = 0, compare: str = "bird", evaluate=None,
-                 progress=None):
+                 progress=None, multi_turn: ProbeLimits | None = None, probe=None):
+        if (multi_turn is None) != (probe is None):
+            raise ValueError("multi-turn rollouts need both `multi_turn` (the limits) and `probe` (the runner)")
         if not items:
             raise ValueError(f"stage {stage.name!r} has an empty curriculum: nothing to train on")
         self.model, self.tokenizer, self.items, self.cfg = model, tokenizer, items, stage
@@ -159,6 +171,7 @@ class DAPOTrainer:
         self.ckpt_dir, self.seed = ckpt_dir, seed
         self.evaluate = evaluate  # callable(model) -> {"eval_exec_acc": ...}
         self.progress = progress  # callable(step, row) for a progress bar
+        self.multi_turn, self.probe = multi_turn, probe
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=stage.lr,
                                            betas=(0.9, 0.999), weight_decay=stage.weight_decay)
@@ -224,13 +237,13 @@ class DAPOTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         buffer = DynamicSamplingBuffer(target_groups=cfg.prompts_per_step, max_rounds=cfg.max_gen_rounds)
-        all_rewards, all_correct, generated = [], [], 0
+        all_rewards, all_correct, generated, probes = [], [], 0, []
         while not buffer.done:
             indices = self.sampler.take(cfg.prompts_per_step)
-            roll = generate(self.model, self.tokenizer, [self.items[i].prompt for i in indices], n=G,
-                            temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                            batch_size=cfg.gen_batch_size, record_logprobs=self.old_logprobs == "sampler")
+            roll = self.rollout(indices)
             generated += int(roll.lengths.sum())
+            if roll.probes is not None:
+                probes.append(roll.probes.cpu())
             correct, rewards = self.score(roll, [self.items[i] for i in indices for _ in range(G)])
             correct, rewards = correct.view(-1, G), rewards.view(-1, G)  # (n_prompts, G)
             all_rewards.append(rewards)
@@ -247,6 +260,9 @@ class DAPOTrainer:
                     "gen_rounds": buffer.rounds, "train_groups": len(buffer.take()),
                     "response_length": generated / max(sum(r.numel() for r in all_rewards), 1),
                     "reward_fallback": getattr(self.executor, "fallbacks", 0)})  # batches scored in-process so far
+        if probes:  # multi-turn: probes per episode, share of episodes that probed (all rounds of the step)
+            probes = torch.cat(probes).float()
+            row.update({"turns_mean": float(probes.mean()), "probe_share": float((probes > 0).float().mean())})
         groups = buffer.take()
         if groups:
             row.update(self.update(groups))
@@ -258,10 +274,27 @@ class DAPOTrainer:
                     "tokens_per_s": round(generated / elapsed, 1), "lr": lr})
         return row
 
+    def rollout(self, indices: list[int]) -> Rollout:
+        """G answers (single-turn) or episodes (multi-turn) for each curriculum item in `indices`."""
+        cfg, G = self.cfg, self.cfg.n_samples
+        prompts = [self.items[i].prompt for i in indices]
+        sampling = dict(n=G, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                        batch_size=cfg.gen_batch_size, record_logprobs=self.old_logprobs == "sampler")
+        if self.multi_turn is None:
+            return generate(self.model, self.tokenizer, prompts, **sampling)
+        from data_synthesis.multiturn import generate_episodes
+
+        return generate_episodes(self.model, self.tokenizer, prompts,
+                                 lambda k, sql: self.probe(self.items[indices[k]].db_id, sql), self.multi_turn,
+                                 **sampling)
+
     def score(self, roll: Rollout, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(correct, shaped reward) per answer: execution reward + DAPO overlong shaping."""
-        results = self.executor.score([ScoreItem(it.db_id, it.gold_sql, extract_sql(text), self.compare)
-                                       for it, text in zip(items, roll.texts)])
+        """(correct, shaped reward) per answer: execution reward + DAPO overlong shaping (model tokens only).
+
+        An episode's answer is the SQL of its final turn; one without a final answer is a format failure."""
+        answers = roll.answers if roll.answers is not None else [extract_sql(text) for text in roll.texts]
+        results = self.executor.score([ScoreItem(it.db_id, it.gold_sql, sql, self.compare)
+                                       for it, sql in zip(items, answers)])
         correct = torch.tensor([r.match for r in results], dtype=torch.bool)
         rewards = torch.tensor([r.reward for r in results], dtype=torch.float32)
         if self.cfg.overlong_cache > 0:
@@ -274,7 +307,7 @@ class DAPOTrainer:
         batch = trim(cat_rollouts([g[0] for g in groups], self.tokenizer.pad_token_id))
         rewards = torch.stack([g[1] for g in groups])  # (n_groups, G)
         advantages = group_advantages(rewards).flatten().to(self.device)  # (N,)
-        mask = batch.response_mask.float()  # (N, R)
+        mask = batch.policy_mask.float()  # (N, R) the policy's own tokens: observations are context, not actions
         token_adv = advantages[:, None] * mask  # (N, R): Â_i on every token of answer i
         N = mask.shape[0]
         micro = max(1, cfg.micro_batch_size)
