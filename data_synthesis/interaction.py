@@ -234,3 +234,12 @@ class SandboxProbes:
 def observation_segment(observation: str) -> str:
     """The text appended after a probe turn so that the model continues on a fresh line."""
     return f"\n{observation}\n"
+
+
+def demo_episode(probe_sql: str, observation: str, answer: str) -> str:
+    """A one-probe episode written out (an SFT demo of the format): the probe, its observation, the final answer.
+
+    >>> demo_episode("SELECT 1", "<observation>ok</observation>", "<answer>SELECT 1</answer>").splitlines()
+    ['<sql>SELECT 1</sql>', '<observation>ok</observation>', '<answer>SELECT 1</answer>']
+    """
+    return f"{PROBE_OPEN}{probe_sql}{PROBE_CLOSE}{observation_segment(observation)}{answer}"

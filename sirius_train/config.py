@@ -165,6 +165,9 @@ class MultiTurnConfig:
     max_rows: int = 5  # result rows an observation shows (it always states the true row count)
     max_chars: int = 400  # characters of an observation's body
     turn_timeout_s: float = 2.0  # SQLite deadline of one probe
+    # share of the SFT demos that probe once (their own query) before answering: a model that has never seen the
+    # format does not probe on its own (local backend)
+    sft_probe_share: float = 0.0
 
 
 @dataclass
@@ -314,6 +317,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("rollout.multi_turn.max_rows", mt.max_rows, "result rows an observation shows, >= 1")
     if mt.max_chars < 40:
         bad("rollout.multi_turn.max_chars", mt.max_chars, "need >= 40 characters: an observation must fit its status")
+    if not 0 <= mt.sft_probe_share <= 1:
+        bad("rollout.multi_turn.sft_probe_share", mt.sft_probe_share, "a share in [0, 1]")
     if not mt.turn_timeout_s > 0:
         bad("rollout.multi_turn.turn_timeout_s", mt.turn_timeout_s, "a probe's deadline in seconds, > 0")
     if cfg.sft.batch_size < 1 or cfg.sft.gradient_accumulation_steps < 1:

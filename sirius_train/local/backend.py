@@ -7,6 +7,7 @@ the loaded model stays in memory between phases so the nano demo does not pay fo
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import torch
@@ -120,6 +121,10 @@ class LocalBackend:
         # The tokenizer sees schema text (an input at test time too) and the training questions and SQL only.
         texts = schemas * 4 + [f"{fmt.system}\n{e.question}\n{answer_text(e.gold_sql)}"
                                for e in data.sft_pool + data.rl_pool]
+        if self.multi_turn is not None:  # the episode format's words and tables, as the SFT demos show them
+            from data_synthesis.interaction import probe_instructions
+
+            texts += [probe_instructions(self.multi_turn[0])] * 8 + [answer for _, answer in self._sft_pairs(data)]
         tokenizer = train_tokenizer(texts, m.tokenizer_vocab)
         model = build_nano_model(NanoModelConfig(
             vocab_size=m.tokenizer_vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
@@ -132,12 +137,12 @@ class LocalBackend:
 
     # ------------------------------------------------------------------ phases
     def sft(self, data, init: Path, out: Path):
-        from sirius_train.local.sft import answer_text, train_sft
+        from sirius_train.local.sft import train_sft
         from sirius_train.local.hf_progress import HFProgressCallback
 
         model, tokenizer = self.load(init)
         s = self.cfg.sft
-        pairs = [(self._prompt(e, data), answer_text(e.gold_sql)) for e in data.sft_pool]
+        pairs = self._sft_pairs(data)
         figures = train_sft(model, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
                             warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
                             packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
@@ -198,6 +203,23 @@ class LocalBackend:
         return figures
 
     # ------------------------------------------------------------------ helpers
+    def _sft_pairs(self, data) -> list[tuple[list[dict], str]]:
+        """(prompt, answer) demos. Multi-turn runs ask with the probe instructions, and `sft_probe_share` of the
+        demos probe their own query once and read its real observation before answering."""
+        from data_synthesis.interaction import demo_episode, with_probe_instructions
+        from sirius_train.local.sft import answer_text
+
+        pairs = [(self._prompt(e, data), answer_text(e.gold_sql)) for e in data.sft_pool]
+        if self.multi_turn is None:
+            return pairs
+        limits, probe = self.multi_turn
+        rng = random.Random(self.cfg.seed)
+        share = self.cfg.rollout.multi_turn.sft_probe_share
+        return [(with_probe_instructions(prompt, limits),
+                 demo_episode(e.gold_sql, probe(e.db_id, e.gold_sql), answer) if rng.random() < share else answer)
+                for (prompt, answer), e in zip(pairs, data.sft_pool)]
+
+
     def _prompt(self, example, data) -> list[dict]:
         from data_synthesis.difficulty import prompt_for
 
