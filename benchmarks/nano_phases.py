@@ -43,7 +43,7 @@ def fresh_questions(cfg, data, n: int, seed: int) -> list[Example]:
     dbs = d.all_train_dbs()
     per_db = -(-2 * n // len(dbs))
     pool = [e for db in dbs for e in synthesize(data.db_root / db / f"{db}.sqlite", per_db, seed=seed, db_id=db,
-                                                rules=rules, joins=d.synth_joins)
+                                                rules=rules, joins=d.synth_joins, where_scale=d.synth_where)
             if e.question not in seen and e.gold_sql not in seen]
     random.Random(seed).shuffle(pool)
     return pool[:n]

@@ -38,6 +38,7 @@ class DataConfig:
     synth_per_db: int = 300  # synthesized examples per train database
     synth_rules: list[str] = field(default_factory=list)  # synthesis rules to use (empty: all)
     synth_joins: bool = True  # False: single-table questions only
+    synth_where: float = 1.0  # scales the rules' chance of a WHERE filter (0: questions without literals)
     eval_per_db: int = 60  # synthesized held-out questions per eval database
     sft_share: float = 0.5  # share of the pool used for the SFT warm start
     sft_split: str = "examples"  # examples | databases: SFT and RL share the train databases, or not
@@ -274,6 +275,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("data.rl_pool", cfg.data.rl_pool, "use 'rest' (the examples SFT did not see) or 'all'")
     if not 0 <= cfg.data.sft_share < 1:
         bad("data.sft_share", cfg.data.sft_share, "a share in [0, 1): the rest is the RL pool")
+    if not 0 <= cfg.data.synth_where <= 1:
+        bad("data.synth_where", cfg.data.synth_where, "a scale in [0, 1]")
     if not 0 <= cfg.data.sft_flaw_share <= 1:
         bad("data.sft_flaw_share", cfg.data.sft_flaw_share, "a share in [0, 1]")
     overlap = set(cfg.data.all_train_dbs()) & set(cfg.data.all_eval_dbs())

@@ -121,7 +121,7 @@ def prepare_data(cfg: RunConfig) -> RunData:
 
         def synth(db: str, n: int, seed: int, avoid: set[str] = frozenset()) -> list[Example]:
             return synthesize(db_root / db / f"{db}.sqlite", n, seed=seed, db_id=db, rules=rules, joins=d.synth_joins,
-                              avoid=avoid)
+                              avoid=avoid, where_scale=d.synth_where)
 
         pool = [e for db in train_dbs for e in synth(db, d.synth_per_db, cfg.seed)]
         for path in d.pool_files:

@@ -9,7 +9,7 @@ from data_synthesis.demo_dbs import DEMO_DB_IDS
 from data_synthesis.sqlgen.features import FEATURES, feature_shares, sql_features
 from data_synthesis.sqlgen.llm_writer import required_literals
 from data_synthesis.sqlgen.profile import profile_database
-from data_synthesis.sqlgen.rules import child_noun
+from data_synthesis.sqlgen.rules import RULES, child_noun
 from data_synthesis.sqlgen.synthesize import Synthesizer, synthesize
 from data_synthesis.sqlgen.trees import ident, parse, render
 from rewards.sandbox import Sandbox
@@ -53,6 +53,16 @@ def test_seeded(demo_db_root):
     a = synthesize(path, 15, seed=3)
     assert a == synthesize(path, 15, seed=3)  # meta (gold timings) is not part of equality
     assert {e.gold_sql for e in a} != {e.gold_sql for e in synthesize(path, 15, seed=4)}
+
+
+def test_where_scale_zero_leaves_no_filter_and_one_is_the_rules_own_mix(demo_db_root):
+    path = demo_db_root / "retail" / "retail.sqlite"
+    plain = synthesize(path, 40, seed=0, where_scale=0.0, rules=tuple(r for r in RULES if r.name not in ("nested", "set_op")))
+    assert len(plain) == 40 and not any(" WHERE " in e.gold_sql for e in plain)
+    assert synthesize(path, 20, seed=0, where_scale=1.0) == synthesize(path, 20, seed=0)
+    assert sum(" WHERE " in e.gold_sql for e in synthesize(path, 40, seed=0)) >= 10
+    with pytest.raises(ValueError, match="where_scale"):
+        synthesize(path, 5, where_scale=1.5)
 
 
 def test_joins_follow_foreign_keys_only(demo_examples, demo_db_root):

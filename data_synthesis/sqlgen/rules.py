@@ -37,6 +37,7 @@ class Context:
     profile: DbProfile
     rng: random.Random
     joins: bool = True  # False: single-table queries only (small models, first curricula)
+    where_scale: float = 1.0  # scales every rule's chance of a WHERE filter (0: no literal to copy)
 
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
@@ -180,8 +181,8 @@ def _fragment(ctx: Context, c: ColumnProfile) -> str | None:
 
 
 def where(ctx: Context, src: Source, p: float, exclude=()) -> tuple[exp.Expression | None, str]:
-    """With probability `p` a filter (sometimes two, on different columns, joined by AND/OR) and its phrase."""
-    if not ctx.chance(p):
+    """With probability `p` (times `ctx.where_scale`) a filter (sometimes two, joined by AND/OR) and its phrase."""
+    if not ctx.chance(p * ctx.where_scale):
         return None, ""
     first = condition(ctx, src, exclude)
     if first is None:

@@ -69,15 +69,21 @@ class Synthesizer:
         limits: sandbox limits for validating each candidate (a gold query slower than this is not kept).
         writer: optional `QuestionWriter` (e.g. `LLMQuestionWriter`) that rewrites template questions.
         joins: False keeps every query on one table (small models, first curricula).
+        where_scale: scales the rules' chance of an optional WHERE filter (nested queries and set operations
+            always filter); 0 gives questions without literals to copy (a model too small to copy values
+            from the question still has schema linking and SQL constructs to learn).
     """
 
     def __init__(self, db_path: str | Path, *, db_id: str | None = None, rules: tuple[Rule, ...] = RULES,
-                 limits: Limits = Limits(timeout_s=2.0, max_rows=10_000), writer=None, joins: bool = True):
+                 limits: Limits = Limits(timeout_s=2.0, max_rows=10_000), writer=None, joins: bool = True,
+                 where_scale: float = 1.0):
+        if not 0.0 <= where_scale <= 1.0:
+            raise ValueError(f"where_scale must be in [0, 1], got {where_scale}")
         self.path = Path(db_path)
         if not self.path.is_file():
             raise FileNotFoundError(f"database file not found: {self.path}")
         self.profile: DbProfile = profile_database(self.path, db_id=db_id)
-        self.rules, self.limits, self.writer, self.joins = rules, limits, writer, joins
+        self.rules, self.limits, self.writer, self.joins, self.where_scale = rules, limits, writer, joins, where_scale
         self.stats = SynthesisStats()
 
     def run(self, n: int, seed: int = 0, *, avoid: set[str] = frozenset(), max_attempts: int | None = None
@@ -86,7 +92,7 @@ class Synthesizer:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         db_id = self.profile.db_id
-        ctx = Context(self.profile, random.Random(f"{db_id}:{seed}"), joins=self.joins)
+        ctx = Context(self.profile, random.Random(f"{db_id}:{seed}"), joins=self.joins, where_scale=self.where_scale)
         weights = [r.weight for r in self.rules]
         seen, asked = set(avoid), set()
         out: list[Example] = []
@@ -128,7 +134,7 @@ class Synthesizer:
 
 def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None = None, writer=None,
                rules: tuple[Rule, ...] = RULES, limits: Limits = Limits(timeout_s=2.0, max_rows=10_000),
-               joins: bool = True, avoid: set[str] = frozenset()) -> list[Example]:
+               joins: bool = True, avoid: set[str] = frozenset(), where_scale: float = 1.0) -> list[Example]:
     """`n` executable, non-empty, distinct examples over any SQLite database (fewer if it cannot hold `n`).
 
     Deterministic for a given database file and `seed`. `db_id` defaults to the file's stem. No example's SQL
@@ -142,5 +148,5 @@ def synthesize(db_path: str | Path, n: int, seed: int = 0, *, db_id: str | None 
         >>> len(examples), len({e.gold_sql for e in examples}), examples[0].db_id
         (5, 5, 'retail')
     """
-    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer, joins=joins).run(
-        n, seed, avoid=avoid)
+    return Synthesizer(db_path, db_id=db_id, rules=rules, limits=limits, writer=writer, joins=joins,
+                       where_scale=where_scale).run(n, seed, avoid=avoid)
