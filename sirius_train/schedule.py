@@ -130,8 +130,10 @@ def prepare_data(cfg: RunConfig) -> RunData:
         sft, rest = split_pool(pool, d.sft_share if cfg.sft.enabled else 0.0, d.sft_split, cfg.seed)
         sft = inject_flaws(sft, d.sft_flaw_share, d.sft_flaws, cfg.seed)  # RL and held-out gold stay correct
         # held out means no training query or question either: a question asked of a training database (the
-        # same entity table can occur in both) would be answered from memory, not by reading the schema
-        trained_sql, trained_questions = {e.gold_sql for e in pool}, {e.question for e in pool}
+        # same entity table can occur in both) would be answered from memory, not by reading the schema; a
+        # flawed demo's SQL counts as trained too (MIN written for "maximum" is the gold of "minimum")
+        trained_sql = {e.gold_sql for e in pool + sft}
+        trained_questions = {e.question for e in pool}
         eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000, avoid=trained_sql)
                     if e.question not in trained_questions]
         for name, rows in (("sft", sft), ("rl", pool if d.rl_pool == "all" else rest), ("eval", eval_set)):
