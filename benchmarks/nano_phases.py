@@ -6,7 +6,10 @@ of them in any pool) -- it reports greedy EX, the mean EX of k samples at temper
 right) and maj@k (the answer of the largest class of samples that agree on their result is right). On the
 held-out set it also counts, per kind of mistake the SFT demonstrations were given (`data.sft_flaws`, see
 `data_synthesis/sqlgen/flaws.py`), how many greedy answers reproduce that mistake: same result as the flawed
-gold, not the correct one. Everything is scored by the reward's executor, as the schedule's evaluation is.
+gold, not the correct one. Each wrong greedy answer is also told apart by what differs from the gold (its
+tables, columns, literals, or the skeleton left when those are blanked), and greedy EX is split by whether the
+gold has a literal to copy from the question. Everything is scored by the reward's executor, as the schedule's
+evaluation is.
 
     python benchmarks/nano_phases.py runs/demo --k 8 --temperature 1.0 --json runs/demo/phases.json
 """
@@ -26,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from data_synthesis.difficulty import prompt_for  # noqa: E402
 from data_synthesis.records import Example  # noqa: E402
 from data_synthesis.sqlgen.flaws import FLAWS, flawed_variants  # noqa: E402
+from data_synthesis.sqlgen.trees import parse  # noqa: E402
 from rewards.executor import Executor  # noqa: E402
 from rewards.extract import extract_sql  # noqa: E402
 from rewards.scoring import ScoreItem  # noqa: E402
@@ -49,6 +53,60 @@ def fresh_questions(cfg, data, n: int, seed: int) -> list[Example]:
     return pool[:n]
 
 
+PARTS = ("table", "column", "literal", "structure")
+
+
+def sql_parts(sql: str) -> dict | None:
+    """Tables, columns and literals of a query (sorted), and its skeleton with all three blanked; None: unparsable.
+
+    Example:
+        >>> sql_parts("SELECT name FROM t WHERE age > 30")["skeleton"]
+        'SELECT c FROM t WHERE c > 0'
+    """
+    from sqlglot import exp
+    from sqlglot.errors import SqlglotError
+
+    try:
+        tree = parse(sql)
+    except SqlglotError:
+        return None
+    out = {"table": sorted(t.name for t in tree.find_all(exp.Table)),
+           "column": sorted(c.name for c in tree.find_all(exp.Column)),
+           # `LIMIT 1` says "the highest", not a value from the question; `LIMIT 5` is copied from "the 5 ..."
+           "literal": sorted(str(v.this) for v in tree.find_all(exp.Literal)
+                             if not (isinstance(v.parent, exp.Limit) and str(v.this) == "1"))}
+    for node in list(tree.find_all(exp.Literal, exp.Column, exp.Table)):
+        node.replace(exp.Literal.number(0) if isinstance(node, exp.Literal) else
+                     exp.column("c") if isinstance(node, exp.Column) else exp.table_("t"))
+    out["skeleton"] = tree.sql()
+    return out
+
+
+def failure_kinds(gold: str, pred: str | None) -> list[str]:
+    """What a wrong answer got wrong, by part (several can be): table, column, literal, structure; or unparsable.
+
+    Example:
+        >>> failure_kinds("SELECT name FROM t WHERE age > 30", "SELECT name FROM t WHERE age > 25")
+        ['literal']
+        >>> failure_kinds("SELECT name FROM t ORDER BY age DESC LIMIT 1", "SELECT city FROM t ORDER BY age ASC LIMIT 1")
+        ['column', 'structure']
+    """
+    g, p = sql_parts(gold), sql_parts(pred or "")
+    if p is None:
+        return ["unparsable"]
+    return [k for k in PARTS if g[k if k != "structure" else "skeleton"] != p[k if k != "structure" else "skeleton"]]
+
+
+def failures(examples: list[Example], preds: list[str | None], ok: list[bool]) -> dict:
+    """Wrong greedy answers per part they got wrong, and greedy EX with / without a literal in the gold."""
+    kinds = Counter(k for e, p, o in zip(examples, preds, ok) if not o for k in failure_kinds(e.gold_sql, p))
+    has_literal = [bool((sql_parts(e.gold_sql) or {}).get("literal")) for e in examples]
+    split = {name: [o for o, lit in zip(ok, has_literal) if lit == want] for name, want in (("literal", True),
+                                                                                          ("no literal", False))}
+    return {"wrong": len(ok) - sum(ok), "kinds": dict(kinds),
+            "by_literal": {name: [sum(v), len(v)] for name, v in split.items()}}
+
+
 def result_key(outcome) -> tuple | None:
     """What two answers must share to be one class for maj@k: their rows as a multiset (None: no result)."""
     if not outcome.executed:
@@ -67,7 +125,7 @@ def phase_figures(model, tokenizer, examples: list[Example], data, executor: Exe
     g_ok = [r.match for r in executor.score([ScoreItem(e.db_id, e.gold_sql, p, compare)
                                              for e, p in zip(examples, greedy)])]
     n = len(examples)
-    out = {"n": n, "greedy": sum(g_ok) / n}
+    out = {"n": n, "greedy": sum(g_ok) / n, "failures": failures(examples, greedy, g_ok)}
     if flaw_kinds:
         out["flaws"] = taught_mistakes(examples, greedy, g_ok, executor, compare, flaw_kinds)
     if k == 0:
@@ -162,6 +220,15 @@ def markdown(report: dict) -> str:
     for phase, sets in report["phases"].items():
         for name, f in sets.items():
             lines.append(f"| {phase} | {name} | " + " | ".join(f"{100 * f[key]:.1f}" for key in keys) + " |")
+    lines += ["", "| phase | questions | wrong | " + " | ".join(f"{k} wrong" for k in (*PARTS, "unparsable"))
+              + " | right with a literal to copy | right without |", "|---|---|" + "---:|" * 8]
+    for phase, sets in report["phases"].items():
+        for name, f in sets.items():
+            fail = f["failures"]
+            (a, n_a), (b, n_b) = fail["by_literal"]["literal"], fail["by_literal"]["no literal"]
+            lines.append(f"| {phase} | {name} | {fail['wrong']} | "
+                         + " | ".join(str(fail["kinds"].get(k, 0)) for k in (*PARTS, "unparsable"))
+                         + f" | {a} / {n_a} | {b} / {n_b} |")
     flaws = {p: s["held-out"]["flaws"] for p, s in report["phases"].items() if "flaws" in s.get("held-out", {})}
     if flaws:
         phases = list(flaws)
