@@ -10,6 +10,7 @@ and docs/benchmarks/nano_entropy.png.
 
     python benchmarks/bench_nano.py --seeds 0 1 2
     python benchmarks/bench_nano.py --seeds 0 --adopt 0=/path/to/runs/demo   # a finished `make demo` as seed 0
+    python benchmarks/bench_nano.py --seeds 0 --set data.synth_where=0 stages.0.lr=3e-4   # another design
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def copy_run(src: Path, dst: Path, parts=("base", "sft", "data")) -> None:
         (dst / "metrics.jsonl").write_text("".join(r + "\n" for r in rows))
 
 
-def train(out: Path, variant: str, seed: int, threads: int) -> None:
+def train(out: Path, variant: str, seed: int, threads: int, design: list[str] = ()) -> None:
     name = run_name(variant, seed)
     cmd = [sys.executable, "-m", "sirius_train.cli", "train", str(ROOT / "configs" / "nano.yaml"), f"name={name}",
-           f"seed={seed}", f"output_dir={out}", f"threads={threads}", *VARIANTS[variant]]
+           f"seed={seed}", f"output_dir={out}", f"threads={threads}", *design, *VARIANTS[variant]]
     with open(out / f"{name}.log", "a") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -178,6 +179,8 @@ def main() -> None:
     ap.add_argument("--adopt", action="append", default=[], metavar="SEED=RUN_DIR",
                     help="use a finished default run (e.g. make demo's runs/demo) as that seed's default run")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks" / "nano.md")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="design",
+                    help="overrides of configs/nano.yaml for every run: measure another design the same way")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for item in args.adopt:
@@ -191,12 +194,12 @@ def main() -> None:
             if variant != "default":
                 source = args.out / run_name("default", seed)
                 if not (source / "summary.json").is_file():
-                    train(args.out, "default", seed, args.threads)
+                    train(args.out, "default", seed, args.threads, args.design)
                 target = args.out / run_name(variant, seed)
                 if not (target / "sft" / "DONE.json").is_file():
                     copy_run(source, target)
             t0 = time.monotonic()
-            train(args.out, variant, seed, args.threads)
+            train(args.out, variant, seed, args.threads, args.design)
             print(f"{variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
     diag = {(v, seed): diagnose(args.out, v, seed, 0) for v in args.variants for seed in args.seeds}
     detail = diagnose(args.out, "default", args.seeds[0], args.k) if "default" in args.variants and args.k else None
