@@ -4,6 +4,7 @@ import sqlite3
 from collections import Counter
 
 import pytest
+from tiny_run import NANO
 
 from data_synthesis.demo_dbs import DEMO_DB_IDS
 from data_synthesis.sqlgen.features import FEATURES, feature_shares, sql_features
@@ -13,6 +14,7 @@ from data_synthesis.sqlgen.rules import RULES, child_noun
 from data_synthesis.sqlgen.synthesize import Synthesizer, synthesize
 from data_synthesis.sqlgen.trees import ident, parse, render
 from rewards.sandbox import Sandbox
+from sirius_train.config import ConfigError, load_config
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +65,8 @@ def test_where_scale_zero_leaves_no_filter_and_one_is_the_rules_own_mix(demo_db_
     assert sum(" WHERE " in e.gold_sql for e in synthesize(path, 40, seed=0)) >= 10
     with pytest.raises(ValueError, match="where_scale"):
         synthesize(path, 5, where_scale=1.5)
+    with pytest.raises(ConfigError, match="data.synth_where"):
+        load_config(NANO, ["data.synth_where=-0.5"])
 
 
 def test_joins_follow_foreign_keys_only(demo_examples, demo_db_root):
