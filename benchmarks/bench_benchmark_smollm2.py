@@ -2,11 +2,13 @@
 zero-shot on the open Spider dev questions (`../shared/data/spider`, 431 questions on 10 databases).
 
     python benchmarks/bench_benchmark_smollm2.py                     # all 431 questions, k = 8
-    python benchmarks/bench_benchmark_smollm2.py --questions 40      # the first 40 (a slow, shared machine)
+    python benchmarks/bench_benchmark_smollm2.py --questions 64 --k 4 --max-new-tokens 64 \
+        --schema-style compact --schema-samples 0                    # what docs/benchmarks/smollm2.md ran
 
-The model is asked in the default format (DDL schema, 3 sample values per column, the system prompt) with
-its own chat template, greedy + k samples at T = 0.8, Spider's equivalence. Prints the report and the
-measured questions/s; the files land in --out. Resumable: rerun the same command after a kill.
+The model is asked in the given format (default: DDL schema, 3 sample values per column, the system prompt)
+with its own chat template, greedy + k samples at T = 0.8, Spider's equivalence, 1 torch thread. Prints the
+report and the measured questions/s (of the generation this call ran: a rerun from the cache is no speed);
+the files land in --out. Resumable: rerun the same command after a kill.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "sirius_train.cli", "benchmark",
                     "--model", str(Path(spec.origin).parent / GGUF), "--questions", str(subset),
                     "--db-root", str(SPIDER / "databases"), "--compare", "spider", "--k", str(args.k),
-                    "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
-                    "--schema-style", args.schema_style, "--schema-samples", str(args.schema_samples), "--threads", str(args.threads),
+                    "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens),
+                    "--batch-size", str(args.batch_size), "--schema-style", args.schema_style,
+                    "--schema-samples", str(args.schema_samples), "--threads", str(args.threads),
                     "--out", str(args.out), "--name", name], check=True, cwd=ROOT)
     model = json.loads((args.out / f"{name}.json").read_text())["models"][0]
     print(json.dumps({"questions": model["overall"]["n"], "questions_per_s": model["questions_per_s"],
