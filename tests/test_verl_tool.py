@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 import yaml
@@ -33,6 +34,7 @@ from sirius_train.verl_backend.translate import (  # noqa: E402
 )
 
 pytestmark = pytest.mark.verl
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LIMITS = ProbeLimits(max_turns=2, max_rows=3, max_chars=200, turn_timeout_s=1.0)
 
 
@@ -48,7 +50,7 @@ def tokenizer():
 
 def build_tool(tmp_path, db_root, reward_url=None):
     path = tmp_path / "sql_tool.yaml"
-    path.write_text(yaml.safe_dump(tool_config(LIMITS, str(db_root), reward_url)))
+    path.write_text(yaml.safe_dump(tool_config(LIMITS, str(db_root), 256, reward_url)))
     (tool,) = initialize_tools_from_config(str(path))  # verl's own loader: imports our class by its class_name
     return tool
 
@@ -151,28 +153,24 @@ class ScriptedPolicy:
         from verl.workers.rollout.replica import TokenOutput
 
         self.calls.append((list(prompt_ids), dict(sampling_params)))
-        ids = self.turns[len(self.calls) - 1]
+        ids = self.turns[len(self.calls) - 1][:sampling_params["max_tokens"]]  # as vLLM honours max_tokens
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS):
-    """One rollout of verl's agent-loop machinery with our loop, built as verl's `AgentLoopWorker` builds it:
-    the composed trainer config, the registry entry, `hydra.utils.instantiate`, tools from the tool config."""
+def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_tokens=256):
+    """One rollout of verl's agent-loop machinery with our loop, set up as `sirius train --backend verl` and
+    verl's `AgentLoopWorker` set it up: the run config's stage plan, its tool config file, the composed
+    trainer config, tools from that file, the loop from verl's registry through `hydra.utils.instantiate`."""
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from sirius_train.config import load_config
-    from sirius_train.verl_backend import plan_run
     from sirius_train.verl_backend.compose import compose_verl_config
-    from sirius_train.verl_backend.translate import AGENT_LOOP, hydra_value, multi_turn_overrides
 
-    path = tmp_path / "sql_tool.yaml"
-    path.write_text(yaml.safe_dump(tool_config(limits, str(db_root))))
-    cfg = load_config(None, ["backend=verl", f"output_dir={tmp_path}", "stages.0.max_new_tokens=256"])
-    overrides = plan_run(cfg)[0].overrides + [f"{key}={hydra_value(value)}"
-                                              for key, value in multi_turn_overrides(limits, str(path))]
-    config = compose_verl_config(overrides)
+    plan = multi_turn_plan(tmp_path, db_root, limits, max_new_tokens)
+    Path(plan.paths.tool_config).parent.mkdir(parents=True, exist_ok=True)
+    Path(plan.paths.tool_config).write_text(yaml.safe_dump(plan.tool_config))
+    config = compose_verl_config(plan.overrides, plan.tool_config)
     policy = ScriptedPolicy(tokenizer, turns)
     policy.config = config
     tools = initialize_tools_from_config(config.actor_rollout_ref.rollout.multi_turn.tool_config_path)
@@ -182,12 +180,24 @@ def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS):
             config=_agent_loop_registry[config.actor_rollout_ref.rollout.agent.default_agent_loop],
             trainer_config=DictConfigWrap(config=config), server_manager=policy, tokenizer=tokenizer, processor=None,
             dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap(tools))
-        assert type(loop).__name__ == "SqlAgentLoop" and AGENT_LOOP == "sirius_sql"
+        assert type(loop).__name__ == "SqlAgentLoop"
         messages = [{"role": "user", "content": "Question: how many customers live in Paris?"}]
         return await loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": True}, raw_prompt=messages,
                               extra_info={"db_id": "retail", "index": 0}, tools_kwargs={})
 
     return asyncio.run(episode()), policy
+
+
+def multi_turn_plan(tmp_path, db_root, limits=LIMITS, max_new_tokens=256, extra=()):
+    from sirius_train.config import load_config
+    from sirius_train.verl_backend import plan_run
+
+    cfg = load_config(CONFIGS / "nano.yaml", [
+        "backend=verl", f"output_dir={tmp_path}", f"data.db_root={db_root}", f"stages.0.max_new_tokens={max_new_tokens}",
+        "rollout.multi_turn.enabled=true", *(f"rollout.multi_turn.{k}={getattr(limits, k)}"
+                                             for k in ("max_turns", "max_rows", "max_chars", "turn_timeout_s")),
+        *extra])
+    return plan_run(cfg)[0]
 
 
 def test_agent_loop_runs_an_episode_in_our_format(tmp_path, demo_db_root, tokenizer):
@@ -227,3 +237,69 @@ def test_a_probe_past_max_turns_ends_the_episode_unanswered(tmp_path, demo_db_ro
     from rewards.extract import extract_sql
 
     assert extract_sql(text) is None  # no final answer: the reward scores a format failure
+
+
+def test_the_model_keeps_to_max_new_tokens_observations_aside(tmp_path, demo_db_root, tokenizer):
+    probe_turn = "Let me look at the table first. <sql>SELECT count(*) FROM customers WHERE city = 'Paris'</sql>"
+    answer_turn = "```sql\nSELECT count(*) FROM customers WHERE city = 'Paris'\n```" + tokenizer.eos_token
+    probe_ids = tokenizer.encode(probe_turn, add_special_tokens=False)
+    budget = len(probe_ids) + 5
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn], max_new_tokens=budget)
+    assert [params["max_tokens"] for _, params in policy.calls] == [budget, 5]
+    assert sum(out.response_mask) == budget  # the answer was cut at the model's budget: truncated
+    assert "<observation>" in tokenizer.decode(out.response_ids)
+    # a probe that spends the last token is not run (the local rollout's truncated episode)
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn], max_new_tokens=len(probe_ids))
+    assert len(policy.calls) == 1 and "<observation>" not in tokenizer.decode(out.response_ids)
+
+
+def test_dry_run_composes_the_tool_agent_sized_for_tables(tmp_path, demo_db_root):
+    from sirius_train.verl_backend.compose import compose_verl_config
+
+    limits = ProbeLimits(max_turns=3, max_rows=20, max_chars=1500, turn_timeout_s=2.0)
+    plan = multi_turn_plan(tmp_path, demo_db_root, limits, max_new_tokens=96)
+    v = compose_verl_config(plan.overrides, plan.tool_config)
+    multi_turn, agent = v.actor_rollout_ref.rollout.multi_turn, v.actor_rollout_ref.rollout.agent
+    assert multi_turn.enable and multi_turn.format == "sirius_sql" and agent.default_agent_loop == "sirius_sql"
+    assert multi_turn.max_tool_response_length == max_observation_chars(limits) > 1500  # verl's default is 256
+    assert (multi_turn.max_user_turns, multi_turn.max_assistant_turns) == (3, 4)
+    assert multi_turn.tool_config_path == plan.paths.tool_config and v.data.tool_config_path is None
+    response = 96 + 3 * (max_observation_chars(limits) + 2)
+    assert v.data.max_response_length == v.reward.reward_kwargs.max_resp_len == response
+    (tool,) = plan.tool_config["tools"]
+    assert tool["config"]["max_new_tokens"] == 96 and tool["config"]["db_root"] == str(demo_db_root.resolve())
+    assert "reward_url" not in tool["config"]
+    served = multi_turn_plan(tmp_path, demo_db_root, extra=["reward.url=http://10.0.0.1:8000"])
+    assert served.tool_config["tools"][0]["config"]["reward_url"] == "http://10.0.0.1:8000"
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda t: t["tools"][0].update(class_name="sirius_train.verl_backend.sql_tool.NoSuchTool"), "NoSuchTool"),
+    (lambda t: t["tools"][0]["config"].update(max_chars=10), "max_chars >= 40"),
+    (lambda t: t["tools"][0]["config"].update(type="mcp"), "'mcp' is not a valid ToolType"),
+    (lambda t: t["tools"][0]["tool_schema"]["function"].pop("description"), "description"),
+])
+def test_dry_run_refuses_a_tool_config_verl_could_not_load(tmp_path, demo_db_root, break_it, message):
+    from sirius_train.config import ConfigError
+    from sirius_train.verl_backend.compose import compose_verl_config
+
+    plan = multi_turn_plan(tmp_path, demo_db_root)
+    break_it(plan.tool_config)
+    with pytest.raises(ConfigError, match="verl cannot load the multi-turn tool config") as error:
+        compose_verl_config(plan.overrides, plan.tool_config)
+    assert message in str(error.value)
+
+
+def test_cli_dry_run_prints_the_tool_config_and_writes_nothing(tmp_path, demo_db_root):
+    from typer.testing import CliRunner
+
+    from sirius_train.cli import app
+
+    result = CliRunner().invoke(app, ["train", str(CONFIGS / "nano.yaml"), "--backend", "verl", "--dry-run",
+                                      f"output_dir={tmp_path}", f"data.db_root={demo_db_root}",
+                                      "rollout.multi_turn.enabled=true"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("-- tool config (") == 2  # one per stage
+    assert "class_name: sirius_train.verl_backend.sql_tool.SqlProbeTool" in result.output
+    assert "default_agent_loop: sirius_sql" in result.output and "format: sirius_sql" in result.output
+    assert list(tmp_path.iterdir()) == []

@@ -92,9 +92,12 @@ def print_verl_plan(cfg) -> None:
 
         memory = _memory_plans(cfg)
         for index, plan in enumerate(plan_run(cfg), start=1):
-            resolved = compose_verl_config(plan.overrides)
+            resolved = compose_verl_config(plan.overrides, plan.tool_config)
             typer.echo(f"# ---- stage {index}: {plan.name} -- command\n{_multiline(plan.argv)}\n")
             typer.echo(f"# ---- stage {index}: {plan.name} -- resolved verl config\n{OmegaConf.to_yaml(resolved)}")
+            if plan.tool_config:  # multi-turn: the SQL tool's config, written beside the stage when it runs
+                typer.echo(f"# ---- stage {index}: {plan.name} -- tool config ({plan.paths.tool_config})\n"
+                           f"{OmegaConf.to_yaml(OmegaConf.create(plan.tool_config))}")
             typer.echo(f"# ---- stage {index}: {plan.name} -- plan\n{memory[1][index - 1]}\n")
     except (ConfigError, ImportError) as e:
         stderr.print(f"[red]error:[/] {e}")

@@ -37,7 +37,7 @@ from sirius_train.verl_backend.plans import (
     model_shape,
     require_fit,
 )
-from sirius_train.verl_backend.translate import StagePaths, stage_overrides
+from sirius_train.verl_backend.translate import StagePaths, stage_overrides, tool_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,6 +50,7 @@ class StagePlan:
     paths: StagePaths
     overrides: list[str]
     argv: list[str]
+    tool_config: dict | None = None  # multi-turn: verl's tool config, written to `paths.tool_config`
 
     def shell(self) -> str:
         return shlex.join(self.argv)
@@ -65,9 +66,12 @@ def plan_stage(cfg: RunConfig, index: int, stage: StageConfig, curriculum: Path,
         checkpoints=str(checkpoints.resolve()), reward_fn=str(PROJECT_ROOT / "rewards" / "verl_reward.py"),
         db_root=str(Path(cfg.data.db_root).resolve()),
         pythonpath=prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")),
-        metrics=str((stage_dir / "verl_metrics.jsonl").resolve()))
+        metrics=str((stage_dir / "verl_metrics.jsonl").resolve()),
+        tool_config=str((stage_dir / "sql_tool.yaml").resolve()))
     overrides = stage_overrides(cfg, index, stage, paths)
-    return StagePlan(stage.name, paths, overrides, verl_command(cfg.verl.python, overrides))
+    mt = cfg.rollout.multi_turn
+    tools = tool_config(mt, paths.db_root, stage.max_new_tokens, cfg.reward.url) if mt.enabled else None
+    return StagePlan(stage.name, paths, overrides, verl_command(cfg.verl.python, overrides), tools)
 
 
 def plan_run(cfg: RunConfig) -> list[StagePlan]:
@@ -166,9 +170,11 @@ class VerlBackend:
             write_verl_parquet(data.eval_set, eval_parquet, data.db_root, compare=data.compare,
                                prompt_format=data.prompt_format)
         plan = plan_stage(self.cfg, index, stage, curriculum, init, out, eval_parquet)
-        resolved = compose_verl_config(plan.overrides)  # a bad key fails here, not minutes into a cluster job
+        resolved = compose_verl_config(plan.overrides, plan.tool_config)  # a bad key fails here, not on the cluster
         out.mkdir(parents=True, exist_ok=True)
         (out / "verl_config.yaml").write_text(OmegaConf.to_yaml(resolved))
+        if plan.tool_config:
+            Path(plan.paths.tool_config).write_text(OmegaConf.to_yaml(OmegaConf.create(plan.tool_config)))
         (out / "verl_command.sh").write_text(plan.shell() + "\n")
         self._require_fit(init, f"stage {stage.name!r} (verl)",
                           lambda shape, gib: stage_plans(shape, stage_layout(self.cfg, stage, gib)))

@@ -17,8 +17,9 @@ from sirius_train.config import ConfigError
 from sirius_train.verl_backend.translate import check_overrides
 
 
-def compose_verl_config(overrides: list[str]):
-    """verl's resolved `DictConfig` for these overrides, or a `ConfigError` naming the bad key and the fix."""
+def compose_verl_config(overrides: list[str], tool_config: dict | None = None):
+    """verl's resolved `DictConfig` for these overrides, or a `ConfigError` naming the bad key and the fix.
+    `tool_config`: a multi-turn stage's tool config (`translate.tool_config`), built as verl's workers build it."""
     check_overrides(overrides)
     import verl
     from hydra import compose, initialize_config_dir
@@ -34,7 +35,37 @@ def compose_verl_config(overrides: list[str]):
         raise ConfigError(_explain(e, verl.__version__)) from None
     _check_with_verl(cfg)
     OmegaConf.resolve(cfg)
+    if tool_config is not None:
+        _check_tools(cfg, tool_config)
     return cfg
+
+
+def _check_tools(cfg, tool_config: dict) -> None:
+    """The tools as `AgentLoopWorker` loads them (verl's schema, tool type and class import; our tool's own
+    checks), and the parser and agent loop the rollout names, registered when the tool module is imported."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+    from verl.tools.tool_registry import ToolType, get_tool_class
+
+    rollout = cfg.actor_rollout_ref.rollout
+    try:
+        for tool in tool_config["tools"]:
+            ToolType(tool["config"]["type"])
+            cls = get_tool_class(tool["class_name"])
+            if not issubclass(cls, BaseTool):
+                raise TypeError(f"{tool['class_name']} is not a verl BaseTool")
+            schema = OpenAIFunctionToolSchema.model_validate(tool["tool_schema"])
+            with contextlib.redirect_stdout(io.StringIO()):  # BaseTool prints its schema
+                cls(config=dict(tool["config"]), tool_schema=schema)
+    except (ImportError, AttributeError, KeyError, TypeError, ValueError) as e:  # pydantic errors are ValueErrors
+        raise ConfigError(f"verl cannot load the multi-turn tool config: {str(e).strip()}".replace("\n", " ")) from None
+    if rollout.multi_turn.format not in ToolParser._registry:
+        raise ConfigError(f"rollout.multi_turn.format={rollout.multi_turn.format!r} is no registered verl tool parser")
+    if rollout.agent.default_agent_loop not in _agent_loop_registry:
+        raise ConfigError(f"rollout.agent.default_agent_loop={rollout.agent.default_agent_loop!r} is no registered "
+                          "verl agent loop")
 
 
 def _check_with_verl(cfg) -> None:

@@ -201,8 +201,10 @@ def disk_plan_gib(shape: ModelShape, checkpoints_per_stage: list[int]) -> float:
 
 def stage_layout(cfg, stage, gpu_gib: float) -> Layout:
     """The `Layout` a run config gives one stage (`cfg`: RunConfig; `verl.overrides` are not read)."""
+    from sirius_train.verl_backend.translate import response_tokens  # multi-turn: observations count too
+
     v = cfg.verl
-    max_model_len = v.max_prompt_length + stage.max_new_tokens
+    max_model_len = v.max_prompt_length + response_tokens(cfg, stage)
     tokens = v.ppo_max_token_len_per_gpu if v.use_dynamic_bsz else v.ppo_micro_batch_size_per_gpu * max_model_len
     return Layout(gpus=v.nnodes * v.n_gpus_per_node, gpu_gib=gpu_gib, tokens_per_gpu=tokens,
                   max_model_len=max_model_len, rollout_tp=v.rollout_tp,

@@ -52,7 +52,8 @@ from sirius_train.verl_backend.translate import AGENT_LOOP, TOOL_NAME, TOOL_PARS
 class SqlProbeTool(BaseTool):
     """Runs one probe per call on the database of the trajectory's row (`create_kwargs={"db_id": ...}`).
 
-    `config` is the tool YAML's `config` (`translate.tool_config`): `db_root`, the `ProbeLimits` fields, and
+    `config` is the tool YAML's `config` (`translate.tool_config`): `db_root`, the `ProbeLimits` fields,
+    `max_new_tokens` (the model's own token budget per episode, which `SqlAgentLoop` enforces), and
     `reward_url` to run probes on reward servers (token from `SIRIUS_REWARD_TOKEN`) with in-process probes
     on `db_root` while they are down, as the reward falls back.
     """
@@ -61,6 +62,7 @@ class SqlProbeTool(BaseTool):
         super().__init__(config, tool_schema or OpenAIFunctionToolSchema.model_validate(translate.tool_schema()))
         self.limits = ProbeLimits(max_turns=int(config["max_turns"]), max_rows=int(config["max_rows"]),
                                   max_chars=int(config["max_chars"]), turn_timeout_s=float(config["turn_timeout_s"]))
+        self.max_new_tokens = int(config["max_new_tokens"])
         self.db_root, self.reward_url = config.get("db_root"), config.get("reward_url")
         if not (self.db_root or self.reward_url):
             raise ValueError("sirius SQL tool: its config needs db_root (in-process probes) or reward_url")
@@ -126,14 +128,16 @@ class SqlProbeParser(ToolParser):
 
 @register(AGENT_LOOP)
 class SqlAgentLoop(ToolAgentLoop):
-    """verl's tool loop in the SIRIUS episode format (see the module docstring). Turn limits
-    (`max_user_turns` = probes, `max_assistant_turns` = probes + 1), the response budget, the tool's
+    """verl's tool loop in the SIRIUS episode format (see the module docstring). The model's own tokens are
+    kept to `max_new_tokens` as in a local rollout (verl's response budget also holds the observations);
+    turn limits (`max_user_turns` = probes, `max_assistant_turns` = probes + 1), the tool's
     create/execute/release and verl's cut of over-long tool text stay `ToolAgentLoop`'s own."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tool_schemas = []  # no tool block in the chat template: the prompt is the single-turn prompt
-        self.limits = self.tools[TOOL_NAME].limits
+        tool = self.tools[TOOL_NAME]
+        self.limits, self.max_new_tokens = tool.limits, tool.max_new_tokens
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         kwargs["raw_prompt"] = with_probe_instructions([dict(m) for m in kwargs["raw_prompt"]], self.limits)
@@ -144,12 +148,18 @@ class SqlAgentLoop(ToolAgentLoop):
 
     async def _handle_generating_state(self, agent_data, sampling_params: dict[str, Any],
                                        ignore_termination: bool = False) -> AgentState:
+        mask = agent_data.response_mask
+        left = min(self.max_new_tokens - sum(mask), self.response_length - len(mask))
+        if left <= 0:  # out of tokens after an observation: truncated
+            return AgentState.TERMINATED
         stop = [*(sampling_params.get("stop") or []), PROBE_CLOSE]  # a probe ends the turn, as locally
-        return await super()._handle_generating_state(agent_data, {**sampling_params, "stop": stop},
+        return await super()._handle_generating_state(agent_data, {**sampling_params, "stop": stop, "max_tokens": left},
                                                       ignore_termination)
 
     async def _handle_processing_tools_state(self, agent_data) -> AgentState:
         """Run the turn's probe; its observation joins the context as tokens the loss does not see."""
+        if sum(agent_data.response_mask) >= self.max_new_tokens:  # a probe that used the last token: truncated
+            return AgentState.TERMINATED
         response, reward, _ = await self._call_tool(agent_data.tool_calls[0], agent_data.tools_kwargs, agent_data)
         if reward is not None:
             agent_data.tool_rewards.append(reward)

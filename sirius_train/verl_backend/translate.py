@@ -108,7 +108,7 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("data.val_files", paths.val_files),
         ("data.train_batch_size", stage.prompts_per_step),
         ("data.max_prompt_length", v.max_prompt_length),
-        ("data.max_response_length", stage.max_new_tokens),
+        ("data.max_response_length", response_tokens(cfg, stage)),
         ("data.filter_overlong_prompts", True),
         ("data.seed", cfg.seed + index),
         # model and FSDP training engine
@@ -153,6 +153,7 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("actor_rollout_ref.rollout.gpu_memory_utilization", v.gpu_memory_utilization),
         ("actor_rollout_ref.rollout.max_num_batched_tokens", v.max_num_batched_tokens),
         ("actor_rollout_ref.rollout.enforce_eager", v.enforce_eager),
+        *(multi_turn_overrides(cfg.rollout.multi_turn, paths.tool_config) if cfg.rollout.multi_turn.enabled else []),
         # advantages and dynamic sampling
         ("algorithm.adv_estimator", "grpo"),
         ("algorithm.norm_adv_by_std_in_grpo", True),
@@ -167,7 +168,7 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("reward.custom_reward_function.path", paths.reward_fn),
         ("reward.custom_reward_function.name", "compute_score"),
         *_reward_kwargs(cfg, paths),
-        *_overlong(stage),
+        *_overlong(stage, response_tokens(cfg, stage)),
         # trainer: cluster shape, length, checkpoints, logging
         ("trainer.nnodes", v.nnodes),
         ("trainer.n_gpus_per_node", v.n_gpus_per_node),
@@ -234,11 +235,23 @@ def hydra_value(value: object) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def tool_config(limits, db_root: str, reward_url: str | None = None) -> dict:
+def response_tokens(cfg: RunConfig, stage: StageConfig) -> int:
+    """verl's response budget: the model's `max_new_tokens`, plus room for every observation when the rollout
+    probes (verl counts observation tokens in the response; our agent loop keeps the model's own tokens to
+    `max_new_tokens`, as the local rollout does). An observation of n characters is at most n tokens unless
+    it holds non-ASCII text; past the budget an episode ends truncated."""
+    mt = cfg.rollout.multi_turn
+    observations = mt.max_turns * (max_observation_chars(mt) + 2) if mt.enabled else 0  # + observation_segment's
+    return stage.max_new_tokens + observations
+
+
+def tool_config(limits, db_root: str, max_new_tokens: int, reward_url: str | None = None) -> dict:
     """verl's tool config (`rollout.multi_turn.tool_config_path`): our SQL tool, where its probes run and
-    how far they go (`limits`: `rollout.multi_turn`, or an `interaction.ProbeLimits`)."""
+    how far they go (`limits`: `rollout.multi_turn`, or an `interaction.ProbeLimits`), and the model's own
+    token budget per episode (the agent loop reads it from the tool)."""
     config = {"type": "native", "db_root": db_root, "max_turns": limits.max_turns, "max_rows": limits.max_rows,
-              "max_chars": limits.max_chars, "turn_timeout_s": limits.turn_timeout_s}
+              "max_chars": limits.max_chars, "turn_timeout_s": limits.turn_timeout_s,
+              "max_new_tokens": max_new_tokens}
     if reward_url:  # the reward's servers run the probes too (token: SIRIUS_REWARD_TOKEN, never in the file)
         config["reward_url"] = reward_url
     return {"tools": [{"class_name": TOOL_CLASS, "config": config, "tool_schema": tool_schema()}]}
@@ -313,14 +326,14 @@ def _reward_kwargs(cfg: RunConfig, paths: StagePaths) -> list[tuple[str, object]
     return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
 
 
-def _overlong(stage: StageConfig) -> list[tuple[str, object]]:
+def _overlong(stage: StageConfig, response_tokens: int) -> list[tuple[str, object]]:
     prefix = "+reward.reward_kwargs"
     enabled = stage.overlong_cache > 0
     return [(f"{prefix}.overlong_buffer_cfg.enable", enabled),
             (f"{prefix}.overlong_buffer_cfg.len", stage.overlong_cache if enabled else 1),
             (f"{prefix}.overlong_buffer_cfg.penalty_factor", 1.0),
             (f"{prefix}.overlong_buffer_cfg.log", True),
-            (f"{prefix}.max_resp_len", stage.max_new_tokens)]
+            (f"{prefix}.max_resp_len", response_tokens)]
 
 
 def _check_reward_table(cfg: RunConfig) -> None:
