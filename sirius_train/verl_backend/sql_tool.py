@@ -98,6 +98,8 @@ class SqlProbeTool(BaseTool):
             except RewardServerUnavailable:
                 if not self.db_root:
                     raise
+        # a sandbox per probe (not `interaction.SandboxProbes`' cached ones): the loop's episodes probe concurrently
+        # from threads, and a sandbox's connection and deadline belong to one query at a time
         with Sandbox(resolve_db_path(self.db_root, db_id), self.limits.sandbox_limits()) as sandbox:
             return run_probe(sandbox, query, self.limits)
 
