@@ -5,6 +5,8 @@ candidate generation and evaluation use, whatever serves the model.
   the trainer passes its current policy to re-estimate difficulty), through `generation.generate`
   (batched, one prefill per prompt), the loop the local trainer's rollouts use, on CPU or GPU.
 - `OpenAISampler`: any OpenAI-compatible server (vLLM's on a cluster), through `ChatClient`.
+- `EpisodeSampler`: an `HFSampler`'s model answering in multi-turn episodes (`data_synthesis.multiturn`):
+  it may probe its prompt's database before the final answer, so `sample` also takes `db_ids`.
 """
 
 from __future__ import annotations
@@ -68,6 +70,39 @@ class HFSampler:
             torch.manual_seed(seed)
         texts = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
                          max_new_tokens=max_new_tokens, batch_size=self.batch_size).texts
+        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+
+class EpisodeSampler:
+    """`n` multi-turn episodes per prompt: the model may run `<sql>` probes on the prompt's database under
+    `db_root` (read-only sandbox, `limits`' per-turn deadline) before its final answer, the episode format of
+    training. Each text is the whole episode (probes, observations, answer); `rewards.extract.extract_sql`
+    reads its final answer."""
+
+    multi_turn = True  # `sample` takes the prompts' `db_ids`
+
+    def __init__(self, sampler: HFSampler, limits, db_root: str | Path):
+        if not isinstance(sampler, HFSampler):
+            raise ValueError("multi-turn episodes need a local HF model (engine hf): an OpenAI-compatible server or "
+                             "vLLM cannot run probes between turns yet")
+        self.sampler, self.limits, self.db_root = sampler, limits, db_root
+        self.prompt_format = sampler.prompt_format
+
+    def sample(self, prompts, n, *, db_ids, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+        import torch
+
+        from data_synthesis.interaction import SandboxProbes
+        from data_synthesis.multiturn import generate_episodes
+
+        if len(db_ids) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(db_ids)} db_ids")
+        if seed is not None:
+            torch.manual_seed(seed)
+        with SandboxProbes(self.db_root, self.limits) as probes:
+            texts = generate_episodes(self.sampler.model, self.sampler.tokenizer, prompts,
+                                      lambda i, sql: probes(db_ids[i], sql), self.limits, n=n,
+                                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                      batch_size=self.sampler.batch_size).texts
         return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 

@@ -16,7 +16,14 @@ import typer
 
 from rewards.compare import CompareMode
 from sirius_train.commands import one_line_errors
-from sirius_train.commands.prompt_options import CONFIG, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT, resolve_format
+from sirius_train.commands.prompt_options import (
+    CONFIG,
+    MULTI_TURN,
+    SCHEMA_SAMPLES,
+    SCHEMA_STYLE,
+    SYSTEM_PROMPT,
+    resolve_format,
+)
 from sirius_train.progress import progress_bar, stderr
 
 QUESTION_FIELDS = {"db_id": str, "question": str}
@@ -131,7 +138,7 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, "--workers", help="sandboxed worker processes (0 = in-process)"),
         quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
-        system_prompt: str = SYSTEM_PROMPT,
+        system_prompt: str = SYSTEM_PROMPT, multi_turn: int = MULTI_TURN,
     ):
         """Answer questions end to end: specialist + generalist candidates, typed repair, hybrid selection."""
         from data_synthesis.jsonl import write_jsonl
@@ -142,8 +149,14 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             questions = read_questions(input, db_id, question)
             fmt = resolve_format(specialist, config, schema_style, schema_samples, system_prompt)
-            generators = [Generator("specialist", specialist_sampler(specialist, specialist_model), n_specialist,
-                                    temperature, max_new_tokens=max_new_tokens, prompt_format=fmt)]
+            sampler = specialist_sampler(specialist, specialist_model)
+            if multi_turn:
+                from data_synthesis.interaction import ProbeLimits
+                from data_synthesis.samplers import EpisodeSampler
+
+                sampler = EpisodeSampler(sampler, ProbeLimits(max_turns=multi_turn), db_root)
+            generators = [Generator("specialist", sampler, n_specialist, temperature, max_new_tokens=max_new_tokens,
+                                    prompt_format=fmt)]
             if generalist_url:
                 generators.append(Generator("generalist", OpenAISampler(generalist_url, generalist_model), n_generalist,
                                             temperature, max_new_tokens=max_new_tokens, few_shot=read_few_shot(few_shot)))

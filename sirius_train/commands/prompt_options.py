@@ -36,3 +36,10 @@ def resolve_format(model, config: Path | None, schema_style: str | None, schema_
         base = prompt_format(load_config(config))
     return resolve_prompt_format(model, base, notice=lambda line: stderr.print(line, soft_wrap=True, markup=False),
                                  schema_style=schema_style, schema_samples=schema_samples, system=system_prompt)
+
+
+MULTI_TURN = typer.Option(0, "--multi-turn", min=0, metavar="MAX_TURNS",
+                          help="answer in episodes: up to MAX_TURNS <sql> probes on the question's database before "
+                               "the final answer, as rollout.multi_turn trains (local HF models; 0 = single-turn; "
+                               "the other probe limits are rollout.multi_turn's defaults)")
+

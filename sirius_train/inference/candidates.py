@@ -145,9 +145,11 @@ def generate(generators: list[Generator], questions: list[Question], seed: int |
     for g, generator in enumerate(generators):
         prompts = [build_prompt(q, generator.few_shot, (feedback or {}).get(i), generator.prompt_format)
                    for i, q in enumerate(questions)]
+        multi_turn = getattr(generator.sampler, "multi_turn", False)  # its episodes probe each question's database
+        episodes = {"db_ids": [q.db_id for q in questions]} if multi_turn else {}
         answers = generator.sampler.sample(prompts, generator.n, temperature=generator.temperature,
                                            top_p=generator.top_p, max_new_tokens=generator.max_new_tokens,
-                                           seed=None if seed is None else seed + 1000 * g)
+                                           seed=None if seed is None else seed + 1000 * g, **episodes)
         for pool, texts in zip(pools, answers):
             start = sum(1 for c in pool if c.source == generator.name)
             for k, text in enumerate(texts):
