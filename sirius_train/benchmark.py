@@ -137,6 +137,16 @@ def make_sampler(spec: ModelSpec, batch_size: int):
     return HFSampler(spec.source, batch_size=batch_size)
 
 
+def episodes(sampler, max_turns: int, db_root: Path):
+    """`sampler` answering in multi-turn episodes of up to `max_turns` probes (0: `sampler` itself)."""
+    if not max_turns:
+        return sampler
+    from data_synthesis.interaction import ProbeLimits
+    from data_synthesis.samplers import EpisodeSampler
+
+    return EpisodeSampler(sampler, ProbeLimits(max_turns=max_turns), db_root)
+
+
 @dataclass(frozen=True)
 class Settings:
     k: int
@@ -146,6 +156,7 @@ class Settings:
     lifecycle: bool
     batch_size: int  # questions per chunk (the greedy batch; the unit of resumption)
     top_p: float = 1.0
+    multi_turn: int = 0  # probes an episode may run before its answer (0: single-turn answers)
 
 
 def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, settings: Settings) -> Path:
@@ -153,7 +164,8 @@ def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, sett
     key = json.dumps({"source": spec.source, "served": spec.served_model, "engine": spec.engine,
                       "format": asdict(spec.prompt_format), "temperature": spec.temperature,
                       "max_new_tokens": spec.max_new_tokens, "questions": str(questions_file.resolve()),
-                      **asdict(settings)}, sort_keys=True)
+                      # single-turn keys as before multi-turn existed, so earlier caches stay valid
+                      **{k: v for k, v in asdict(settings).items() if k != "multi_turn" or v}}, sort_keys=True)
     return out / f"{name}.cache" / f"{spec.label}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
 
 
@@ -171,7 +183,7 @@ def benchmark_model(spec: ModelSpec, questions: list[BenchQuestion], db_root: Pa
                 rows.update({q.id: done[str(q.id)] for q in chunk})
                 advance(len(chunk))
                 continue
-            sampler = sampler or make_sampler(spec, settings.batch_size)
+            sampler = sampler or episodes(make_sampler(spec, settings.batch_size), settings.multi_turn, db_root)
             fresh = _run_chunk(spec, sampler, chunk, db_root, settings, executor, seed=settings.seed + start)
             for row in fresh:
                 sink.write(json.dumps(row, default=str) + "\n")
@@ -200,10 +212,11 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
 
     prompts = [spec.prompt_format.render(q.question, resolve_db_path(db_root, q.db_id), q.evidence or None, q.db_id)
                for q in chunk]
+    databases = {"db_ids": [q.db_id for q in chunk]} if settings.multi_turn else {}  # where episodes probe
     greedy = [texts[0] for texts in sampler.sample(prompts, 1, temperature=0.0, max_new_tokens=spec.max_new_tokens,
-                                                   seed=seed)]
+                                                   seed=seed, **databases)]
     sampled = sampler.sample(prompts, settings.n, temperature=spec.temperature, top_p=settings.top_p,
-                             max_new_tokens=spec.max_new_tokens, seed=seed)
+                             max_new_tokens=spec.max_new_tokens, seed=seed, **databases)
     greedy_sql = [extract_sql(t) for t in greedy]
     sample_sql = [[extract_sql(t) for t in texts] for texts in sampled]
     greedy_match = [r.match for r in executor.score([ScoreItem(q.db_id, q.gold_sql, sql, settings.compare)
@@ -303,7 +316,8 @@ def markdown(report: dict) -> str:
     names = {"maj_at_k": f"maj@{k}", "pass_at_k": f"pass@{k}"}
     shown = [f for f in SHOWN if any(f in m["overall"] for m in report["models"])]
     lines = [f"# Benchmark {report['name']}: {report['n']} questions from {report['questions']}",
-             "", f"greedy and n={report['n_samples']} samples (temperature per model below); compare={report['compare']}",
+             "", f"greedy and n={report['n_samples']} samples (temperature per model below); compare={report['compare']}"
+             + (f"; multi-turn episodes, up to {report['multi_turn']} probes" if report.get("multi_turn") else ""),
              "", "| model | T | " + " | ".join(names.get(f, f) for f in shown) + " | run eval_exec_acc | q/s |",
              "|---|---:|" + "---:|" * (len(shown) + 2)]
     for m in report["models"]:

@@ -17,7 +17,14 @@ from pathlib import Path
 import typer
 
 from sirius_train.commands import one_line_errors
-from sirius_train.commands.prompt_options import CONFIG, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT, resolve_format
+from sirius_train.commands.prompt_options import (
+    CONFIG,
+    MULTI_TURN,
+    SCHEMA_SAMPLES,
+    SCHEMA_STYLE,
+    SYSTEM_PROMPT,
+    resolve_format,
+)
 from sirius_train.progress import progress_bar, stderr
 
 DEFAULT_TEMPERATURE = 0.8  # for a model whose card names no training temperature
@@ -88,7 +95,7 @@ def register(app: typer.Typer) -> None:
                                                               "default; 1 on a shared machine, docs/SFT.md)"),
         timeout: float = typer.Option(30.0, "--timeout", help="seconds per query"),
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
-        system_prompt: str = SYSTEM_PROMPT,
+        system_prompt: str = SYSTEM_PROMPT, multi_turn: int = MULTI_TURN,
         quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
     ):
         """Evaluate checkpoints end to end: greedy EX, maj@k, pass@k, selected EX; overall, per bucket, per db."""
@@ -117,7 +124,12 @@ def register(app: typer.Typer) -> None:
                 import torch
 
                 torch.set_num_threads(threads)
-            settings = Settings(k=k, n=n or k, seed=seed, compare=mode, lifecycle=lifecycle, batch_size=batch_size)
+            if multi_turn and (servers := [s.label for s in specs if s.engine != "hf"]):
+                raise BenchmarkError(f"--multi-turn: {', '.join(servers)} not on engine hf; multi-turn episodes need a "
+                                     "local HF model: an OpenAI-compatible server or vLLM cannot run probes between "
+                                     "turns yet")
+            settings = Settings(k=k, n=n or k, seed=seed, compare=mode, lifecycle=lifecycle, batch_size=batch_size,
+                                multi_turn=multi_turn)
             out.mkdir(parents=True, exist_ok=True)
             reports = []
             with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
@@ -131,7 +143,8 @@ def register(app: typer.Typer) -> None:
                     reports.append(model_report(spec, items, rows, settings, time.monotonic() - t0))
                     write_predictions(out, f"{name}.{spec.label}", items, rows)
         report = {"name": name, "questions": str(questions), "n": len(items), "k": k, "n_samples": settings.n,
-                  "compare": settings.compare, "lifecycle": lifecycle, "seed": seed, "models": reports}
+                  "compare": settings.compare, "lifecycle": lifecycle, "seed": seed, "multi_turn": multi_turn,
+                  "models": reports}
         (out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (out / f"{name}.md").write_text(markdown(report))
         plot(report, out / f"{name}.png")
