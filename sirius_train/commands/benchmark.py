@@ -17,14 +17,8 @@ from pathlib import Path
 import typer
 
 from sirius_train.commands import one_line_errors
-from sirius_train.commands.prompt_options import (
-    CONFIG,
-    MULTI_TURN,
-    SCHEMA_SAMPLES,
-    SCHEMA_STYLE,
-    SYSTEM_PROMPT,
-    resolve_format,
-)
+from sirius_train.commands.prompt_options import (CONFIG, MULTI_TURN, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT,
+                                                  resolve_format)
 from sirius_train.progress import progress_bar, stderr
 
 DEFAULT_TEMPERATURE = 0.8  # for a model whose card names no training temperature

@@ -16,14 +16,8 @@ import typer
 
 from rewards.compare import CompareMode
 from sirius_train.commands import one_line_errors
-from sirius_train.commands.prompt_options import (
-    CONFIG,
-    MULTI_TURN,
-    SCHEMA_SAMPLES,
-    SCHEMA_STYLE,
-    SYSTEM_PROMPT,
-    resolve_format,
-)
+from sirius_train.commands.prompt_options import (CONFIG, MULTI_TURN, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT,
+                                                  resolve_format)
 from sirius_train.progress import progress_bar, stderr
 
 QUESTION_FIELDS = {"db_id": str, "question": str}
