@@ -407,8 +407,9 @@ def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tmp_path):
-    """The CLI's side of preemption: exit 0, the resume line, and the same command finishing the run."""
+def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tiny_run, tmp_path):
+    """The CLI's side of preemption: exit 0, the resume line, and the same command finishing the run with the
+    metrics rows of the uninterrupted schedule (`tiny_run`: same config and seed), timings aside."""
     args, run_dir, proc = _start_train(tmp_path, "preempted")
     deadline = time.monotonic() + 1200
     while not _stage1_steps(run_dir):
@@ -421,3 +422,4 @@ def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tmp_path):
     second = _sirius(*args, timeout=1200)
     assert second.returncode == 0, second.stderr[-3000:]
     assert _stage1_steps(run_dir) == list(range(1, 7))
+    assert _rows_without_timings(run_dir) == _rows_without_timings(tiny_run[2])
