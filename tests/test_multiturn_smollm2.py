@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_pretrained_smollm2 import smollm2  # noqa: F401 -- the loaded model, a module-scoped fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 12 episodes of a 135M model on a shared CPU
 
 
 def test_one_multi_turn_dapo_step_on_smollm2(smollm2, demo_db_root, tmp_path):
@@ -25,24 +25,29 @@ def test_one_multi_turn_dapo_step_on_smollm2(smollm2, demo_db_root, tmp_path):
     fmt = PromptFormat(schema_style="ddl", schema_samples=2)
     db = demo_db_root / "retail" / "retail.sqlite"
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
-    asked = {"Which product has the highest price?": "SELECT name FROM products ORDER BY price DESC LIMIT 1",
-             "How many orders are there?": "SELECT count(*) FROM orders",
-             "Which customers live in the city with the most customers?":
-                 "SELECT name FROM customers WHERE city = (SELECT city FROM customers GROUP BY city "
-                 "ORDER BY count(*) DESC LIMIT 1)"}
+    asked = {"How many orders are there?": "SELECT count(*) FROM orders",
+             "How many customers are there?": "SELECT count(*) FROM customers",
+             "Which product has the highest price?": "SELECT name FROM products ORDER BY price DESC LIMIT 1"}
     items = [TrainItem(fmt.render(q, db), "retail", sql, f"mt{i}") for i, (q, sql) in enumerate(asked.items())]
-    stage = StageConfig(name="smol-mt", steps=1, prompts_per_step=3, n_samples=4, max_new_tokens=64,
-                        overlong_cache=8, max_gen_rounds=2, mini_batches=1, micro_batch_size=6, gen_batch_size=12,
+    stage = StageConfig(name="smol-mt", steps=1, prompts_per_step=3, n_samples=4, max_new_tokens=96,
+                        overlong_cache=16, max_gen_rounds=2, mini_batches=1, micro_batch_size=6, gen_batch_size=12,
                         lr=1e-5, temperature=1.0)
     limits = ProbeLimits(max_turns=2, max_rows=3, max_chars=200, turn_timeout_s=1.0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     torch.manual_seed(0)
-    with Executor(demo_db_root, workers=0) as executor, SandboxProbes(demo_db_root, limits) as probes:
-        trainer = DAPOTrainer(model, tokenizer, items, stage, executor, ckpt_dir=tmp_path / "ck",
-                              metrics=MetricsLog(tmp_path / "metrics.jsonl"), seed=0, multi_turn=limits, probe=probes)
-        trainer.step = 1
-        row = trainer.train_step()
-    print({k: row[k] for k in ("turns_mean", "probe_share", "acc_mean", "train_groups", "step_time_s") if k in row})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on 2 shared cores a second thread only waits (tests/test_multiturn.py)
+    try:
+        with Executor(demo_db_root, workers=0) as executor, SandboxProbes(demo_db_root, limits) as probes:
+            trainer = DAPOTrainer(model, tokenizer, items, stage, executor, ckpt_dir=tmp_path / "ck",
+                                  metrics=MetricsLog(tmp_path / "metrics.jsonl"), seed=0, multi_turn=limits,
+                                  probe=probes)
+            trainer.step = 1
+            row = trainer.train_step()
+    finally:
+        torch.set_num_threads(threads)
+    print({k: row[k] for k in ("turns_mean", "probe_share", "acc_mean", "train_groups", "gen_rounds", "step_time_s")
+           if k in row})
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
     assert 0 <= row["probe_share"] <= 1 and row["turns_mean"] <= limits.max_turns
     assert {"reward_mean", "acc_mean", "entropy", "entropy_coef", "kept_groups", "gen_rounds"} <= set(row)
