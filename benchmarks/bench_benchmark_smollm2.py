@@ -2,7 +2,7 @@
 zero-shot on the open Spider dev questions (`../shared/data/spider`, 431 questions on 10 databases).
 
     python benchmarks/bench_benchmark_smollm2.py                     # all 431 questions, k = 8
-    python benchmarks/bench_benchmark_smollm2.py --questions 64 --k 4 --max-new-tokens 64 \
+    python benchmarks/bench_benchmark_smollm2.py --questions 128 --k 4 --max-new-tokens 64 \
         --schema-style compact --schema-samples 0                    # what docs/benchmarks/smollm2.md ran
 
 The model is asked in the given format (default: DDL schema, 3 sample values per column, the system prompt)
