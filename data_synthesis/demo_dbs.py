@@ -9,8 +9,10 @@ byte-identical files.
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -232,18 +234,24 @@ def build_demo_db(db_id: str, path: Path, seed: int = 0) -> Path:
     rng = random.Random(f"{db_id}:{seed}")
     tables = SCHEMAS[db_id] if db_id in SCHEMAS else random_schema(db_id, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    conn = sqlite3.connect(tmp)
+    # A temp file of this call's own: runs started together on one db_root build the same databases at once,
+    # and each must write its own copy (the same bytes, by the seed) before the atomic rename.
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        for table, n_rows, columns in tables:
-            conn.execute(_create_sql(table, columns))
-            rows = [(i, *(gen(rng, i) for _, _, gen, _ in columns)) for i in range(1, n_rows + 1)]
-            conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (len(columns) + 1))})", rows)
-        conn.commit()
+        conn = sqlite3.connect(tmp)
+        try:
+            for table, n_rows, columns in tables:
+                conn.execute(_create_sql(table, columns))
+                rows = [(i, *(gen(rng, i) for _, _, gen, _ in columns)) for i in range(1, n_rows + 1)]
+                conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * (len(columns) + 1))})", rows)
+            conn.commit()
+        finally:
+            conn.close()
+        tmp.replace(path)  # atomic: a crash never leaves a half-written database under its real name
     finally:
-        conn.close()
-    tmp.replace(path)  # atomic: a crash never leaves a half-written database under its real name
+        tmp.unlink(missing_ok=True)
     return path
 
 
