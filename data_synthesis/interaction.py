@@ -38,6 +38,7 @@ PROBE_RESULT_BYTES = 8 << 20
 _PROBE = re.compile(r"<sql>(.*?)</sql>", re.IGNORECASE | re.DOTALL)
 _FENCE = re.compile(r"```[ \t]*sql.*?```", re.IGNORECASE | re.DOTALL)
 _ANSWER = re.compile(r"<answer>.*?</answer>", re.IGNORECASE | re.DOTALL)
+_OBSERVATION_SEGMENT = re.compile(r"\n?<observation>.*?</observation>\n?", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,17 @@ class SandboxProbes:
 def observation_segment(observation: str) -> str:
     """The text appended after a probe turn so that the model continues on a fresh line."""
     return f"\n{observation}\n"
+
+
+def observation_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the observation segments in `text` (what `observation_segment` appended): the
+    environment wrote them, so a demo's loss must not teach the model to write them.
+
+    >>> text = demo_episode("SELECT 1", "<observation>\\nok: 1 row\\n</observation>", "<answer>SELECT 1</answer>")
+    >>> [text[a:b] for a, b in observation_spans(text)]
+    ['\\n<observation>\\nok: 1 row\\n</observation>\\n']
+    """
+    return [m.span() for m in _OBSERVATION_SEGMENT.finditer(text)]
 
 
 def demo_episode(probe_sql: str, observation: str, answer: str) -> str:

@@ -146,3 +146,24 @@ def test_local_backend_forwards_gradient_accumulation(tmp_path):
         backend.close()
     micro_batches = -(-figures["sft_examples"] // 4)
     assert figures["sft_steps"] == -(-micro_batches // 2)
+
+
+def test_a_multi_turn_demo_learns_its_probe_and_answer_but_not_the_observation():
+    """The observation is the environment's text: RL masks it (tests/test_multiturn.py), so SFT must too."""
+    from data_synthesis.interaction import demo_episode
+    from sirius_train.local.model import train_tokenizer
+    from sirius_train.local.sft import IGNORE, answer_text, encode_example
+
+    observation = "<observation>\nok: 2 rows\nname\nAda\nBo\n</observation>"
+    answer = demo_episode("SELECT name FROM t", observation, answer_text("SELECT name FROM t WHERE id = 1"))
+    prompt = [{"role": "user", "content": "Question: who is first?"}]
+    tokenizer = train_tokenizer([answer, "Question: who is first?"] * 20, vocab_size=400)
+    ex = encode_example(tokenizer, prompt, answer, max_len=512)
+    learned = tokenizer.decode([t for t, label in zip(ex["input_ids"], ex["labels"]) if label != IGNORE])
+    assert learned.startswith("<sql>SELECT name FROM t</sql>")
+    assert "```sql\nSELECT name FROM t WHERE id = 1\n```" in learned
+    assert "observation" not in learned and "Ada" not in learned and "rows" not in learned
+    # and a single-turn answer keeps every one of its tokens
+    plain = encode_example(tokenizer, prompt, answer_text("SELECT 1"), max_len=512)
+    plain_learned = tokenizer.decode([t for t, label in zip(plain["input_ids"], plain["labels"]) if label != IGNORE])
+    assert plain_learned.startswith("```sql\nSELECT 1\n```")

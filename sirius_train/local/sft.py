@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from data_synthesis.interaction import observation_spans
 from data_synthesis.jsonl import read_jsonl, write_jsonl
 from data_synthesis.prompts import chat_text
 from sirius_train.local import ranks
@@ -43,7 +44,8 @@ def answer_text(sql: str) -> str:
 
 
 def encode_example(tokenizer, prompt: list[dict], answer: str, max_len: int) -> dict | None:
-    """input_ids with labels masked to the answer; None if the prompt alone does not fit."""
+    """input_ids with labels masked to the answer, less the observations of a multi-turn demo (the environment's
+    text, as in RL rollouts); None if the prompt alone does not fit."""
     prompt_text = chat_text(tokenizer, prompt)
     full_text = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": answer}], tokenize=False,
                                               chat_template=tokenizer.chat_template or None)
@@ -55,6 +57,12 @@ def encode_example(tokenizer, prompt: list[dict], answer: str, max_len: int) -> 
         return None
     full_ids = full_ids[:max_len]
     labels = [IGNORE] * len(prompt_ids) + full_ids[len(prompt_ids):]
+    spans = [(a + len(prompt_text), b + len(prompt_text)) for a, b in observation_spans(full_text[len(prompt_text):])]
+    if spans:
+        offsets = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        for i, (start, end) in enumerate(offsets[:len(full_ids)]):
+            if any(start < b and end > a for a, b in spans):
+                labels[i] = IGNORE
     return {"input_ids": full_ids, "labels": labels}
 
 
