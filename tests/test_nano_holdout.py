@@ -41,3 +41,25 @@ def test_shipped_demo_never_trains_on_its_held_out_databases_or_questions(tmp_pa
     # the flawed demonstrations are SFT's only: RL's reward and the evaluation use the correct gold
     assert any(e.meta.get("flaw") for e in data.sft_pool) == bool(cfg.data.sft_flaws)
     assert not any(e.meta.get("flaw") for e in data.rl_pool + held_out)
+
+
+def test_the_nano_tokenizer_is_fitted_on_training_schemas_only(tmp_path, monkeypatch):
+    """The tokenizer is a trained part too: a held-out schema's names must not shape its vocabulary."""
+    from data_synthesis.schema import read_schema
+    from sirius_train.local import model as nano
+    from sirius_train.local.backend import LocalBackend
+
+    cfg = load_config(NANO, [f"output_dir={tmp_path}", f"data.db_root={tmp_path / 'dbs'}"])
+    data = prepare_data(cfg)
+    fitted = []
+    real = nano.train_tokenizer
+    monkeypatch.setattr(nano, "train_tokenizer", lambda texts, *a, **k: real(fitted.extend(texts) or fitted, *a, **k))
+    LocalBackend(cfg).prepare_base(data, tmp_path / "base")
+
+    def schema(db):
+        fmt = data.prompt_format
+        return read_schema(data.db_root / db / f"{db}.sqlite", n_samples=0).to_text(samples=False,
+                                                                                  style=fmt.schema_style)
+
+    assert all(schema(db) in fitted for db in cfg.data.all_train_dbs())
+    assert not any(schema(db) in fitted for db in cfg.data.all_eval_dbs())

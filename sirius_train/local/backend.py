@@ -115,10 +115,11 @@ class LocalBackend:
 
         m = self.cfg.model
         fmt = data.prompt_format
-        db_ids = sorted({e.db_id for e in data.sft_pool + data.rl_pool + data.eval_set})
+        db_ids = sorted({e.db_id for e in data.sft_pool + data.rl_pool})
         schemas = [read_schema(data.db_root / db / f"{db}.sqlite", n_samples=fmt.schema_samples)
                    .to_text(samples=fmt.schema_samples > 0, style=fmt.schema_style) for db in db_ids]
-        # The tokenizer sees schema text (an input at test time too) and the training questions and SQL only.
+        # The tokenizer is fitted on what training sees: the training databases' schemas, questions and SQL.
+        # Held-out schemas stay out (a held-out name may split into pieces; reading it is the skill measured).
         texts = schemas * 4 + [f"{fmt.system}\n{e.question}\n{answer_text(e.gold_sql)}"
                                for e in data.sft_pool + data.rl_pool]
         if self.multi_turn is not None:  # the episode format's words and tables, as the SFT demos show them
