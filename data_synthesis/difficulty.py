@@ -15,6 +15,7 @@ the line is recomputed. Keep one cache per policy (or pass a `policy` tag that n
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -109,6 +110,9 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
     prompt_format = prompt_format or getattr(sampler, "prompt_format", None) or PromptFormat()
     params = {"k": k, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
               "compare": compare, "policy": policy}
+    episodes = getattr(sampler, "multi_turn", False)  # an EpisodeSampler: each prompt probes its own database
+    if episodes:  # keyed apart from single-turn estimates; single-turn keys stay as they were
+        params["multi_turn"] = dataclasses.asdict(sampler.limits)
     prompts = [prompt_for(e, db_root, prompt_format) for e in examples]
     keys = [_key(p, e, params) for p, e in zip(prompts, examples)]
     cache = _Cache(Path(cache_path)) if cache_path is not None else None
@@ -126,8 +130,9 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
                 continue
             # The whole chunk is sampled with its own seed even if part of it is cached, so every answer
             # is the one an uninterrupted run would have drawn.
+            db_ids = {"db_ids": [examples[i].db_id for i in chunk]} if episodes else {}
             answers = sampler.sample([prompts[i] for i in chunk], k, temperature=temperature, top_p=top_p,
-                                     max_new_tokens=max_new_tokens, seed=seed + start)
+                                     max_new_tokens=max_new_tokens, seed=seed + start, **db_ids)
             fresh = _score(executor, [examples[i] for i in chunk], [keys[i] for i in chunk], answers, compare)
             new = [f for f, c in zip(fresh, cached) if c is None]
             if cache:

@@ -155,12 +155,14 @@ class LocalBackend:
 
     def pass_rates(self, examples, model_path: Path, stage: StageConfig, data, out: Path):
         from data_synthesis.difficulty import estimate_pass_rates
-        from data_synthesis.samplers import HFSampler
+        from data_synthesis.samplers import EpisodeSampler, HFSampler
         from sirius_train.halts import preemptible
         from sirius_train.progress import progress_bar
 
         model, tokenizer = self.load(model_path)
         sampler = HFSampler(model, tokenizer, batch_size=stage.gen_batch_size)
+        if self.multi_turn is not None:  # in episodes: the format the stage trains (and SFT taught) in
+            sampler = EpisodeSampler(sampler, self.multi_turn[0], data.db_root)
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k})", len(examples)) as advance:
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
