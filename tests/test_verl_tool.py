@@ -234,6 +234,7 @@ def test_a_probe_past_max_turns_ends_the_episode_unanswered(tmp_path, demo_db_ro
     assert len(policy.calls) == 2  # the second probe is generated but never run
     text = tokenizer.decode(out.response_ids)
     assert text.count("<observation>") == 1 and text.endswith(turns[1])
+    assert out.num_turns == 2 * 1 + 2  # probes run = num_turns / 2 - 1 (docs/MULTITURN.md: verl's turns_mean)
     from rewards.extract import extract_sql
 
     assert extract_sql(text) is None  # no final answer: the reward scores a format failure
@@ -251,6 +252,7 @@ def test_the_model_keeps_to_max_new_tokens_observations_aside(tmp_path, demo_db_
     # a probe that spends the last token is not run (the local rollout's truncated episode)
     out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn], max_new_tokens=len(probe_ids))
     assert len(policy.calls) == 1 and "<observation>" not in tokenizer.decode(out.response_ids)
+    assert out.num_turns == 2  # no probe ran
 
 
 def test_dry_run_composes_the_tool_agent_sized_for_tables(tmp_path, demo_db_root):
