@@ -101,10 +101,13 @@ def mean_sd(values: list[float]) -> str:
 
 
 def report(out: Path, seeds: list[int], variants: list[str], command: str, diag: dict, detail: dict | None) -> str:
+    held_out = [json.loads(line) for line in
+                (out / run_name(variants[0], seeds[0]) / "data" / "eval.jsonl").read_text().splitlines() if line]
     lines = ["## Nano schedule over seeds, and its ablations (`benchmarks/bench_nano.py`)", "",
              f"Rerun: `{command}`", "",
-             "Held-out execution accuracy (greedy answers, 200 synthesized questions on 5 generated databases "
-             "never trained on), after the SFT warm start and after each DAPO stage. Ablations reuse the seed's "
+             f"Held-out execution accuracy (greedy answers, {len(held_out)} synthesized questions on "
+             f"{len({e['db_id'] for e in held_out})} generated databases never trained on), after the SFT warm "
+             "start and after each DAPO stage. Ablations reuse the seed's "
              "data, base model and SFT, so they differ only in the DAPO stages.", "",
              "| variant | seed | after SFT | after stage 1 | after stage 2 | DAPO − SFT (points) | "
              "taught mistakes in greedy answers, SFT → stage 1 → stage 2 | "

@@ -37,9 +37,12 @@ def test_doctor_on_the_demo_is_all_green_and_imports_no_model_library():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     first, *table = out.stdout.splitlines()
     assert first == "0 []", out.stdout + out.stderr
-    assert not [line for line in table if " FAIL " in line or " warn " in line]
-    statuses = set(_statuses(load_config(CONFIGS / "nano.yaml")).values())
-    assert statuses <= {"ok", "-"}
+    # the demo's stages read each curriculum question 2-3 times on purpose (measured: docs/benchmarks/nano.md), so
+    # the budget check's warning is the one non-green line it may show
+    assert not [line for line in table if " FAIL " in line or (" warn " in line and "│ budget " not in line)]
+    statuses = {name: status for name, status in _statuses(load_config(CONFIGS / "nano.yaml")).items()
+                if not name.startswith("budget ")}
+    assert set(statuses.values()) <= {"ok", "-"}
 
 
 def test_cluster_configs_here_say_what_is_missing_and_the_fix():
@@ -93,9 +96,11 @@ def test_the_reward_server_must_be_ours_for_the_configs_databases(demo_db_root, 
 
 
 def test_budget_without_slack_is_flagged_with_the_size_to_use():
-    cfg = load_config(CONFIGS / "nano.yaml", ["stages.0.budget=96"])  # 12 steps x 8 prompts exactly
+    cfg = load_config(CONFIGS / "nano.yaml", ["stages.0.steps=12", "stages.0.budget=96"])  # 12 x 8 prompts exactly
     (check,) = [c for c in doctor_report(cfg).checks if c.name == "budget stage1"]
     assert check.status == "warn" and "stages.0.budget=192" in check.fix
+    roomy = load_config(CONFIGS / "nano.yaml", ["stages.0.steps=12", "stages.0.budget=192"])
+    assert [c.status for c in doctor_report(roomy).checks if c.name == "budget stage1"] == ["ok"]
 
 
 def test_train_runs_the_cheap_checks_first_and_starts_nothing(tmp_path):

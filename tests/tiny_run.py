@@ -15,6 +15,8 @@ def tiny_overrides(tmp: Path, name: str = "tiny") -> list[str]:
         "data.train_dbs=[retail]", "data.generated_train_dbs=0", "data.generated_eval_dbs=1",
         "data.synth_per_db=60", "data.eval_per_db=12", "data.synth_rules=[count]", "data.sft_share=0.5",
         "data.rl_pool=all",
+        # the pipeline on plain data: WHERE filters (the count rule's query space), no taught mistakes, T = 1
+        "data.synth_where=1.0", "data.sft_flaws=[]", "stages.0.temperature=1.0", "stages.1.temperature=1.0",
         "model.tokenizer_vocab=1000", "model.hidden_size=64", "model.intermediate_size=128",
         "model.num_hidden_layers=2", "model.num_attention_heads=2",
         "sft.epochs=80", "sft.batch_size=16", "sft.lr=1e-2",
