@@ -57,7 +57,7 @@ def test_dapo_is_spelled_out_in_current_keys():
         "actor_rollout_ref.actor.optim.lr": str(load_config(NANO).stages[0].lr),
         "actor_rollout_ref.actor.optim.clip_grad": "1.0",
         "actor_rollout_ref.model.path": "/r/sft/model",
-        "trainer.total_training_steps": "12",
+        "trainer.total_training_steps": str(load_config(NANO).stages[0].steps),
         "trainer.save_freq": "4",
         "trainer.default_local_dir": "/r/stage1/verl_checkpoints",
     }
@@ -68,7 +68,7 @@ def test_stage_two_gets_its_own_lengths():
     o = _overrides(index=1)
     assert o["data.max_response_length"] == o["+reward.reward_kwargs.max_resp_len"] == "64"
     assert o["actor_rollout_ref.actor.optim.lr"] == str(load_config(NANO).stages[1].lr)
-    assert o["+sirius.entropy.target"] == "0.2"
+    assert o["+sirius.entropy.target"] == str(load_config(NANO).stages[1].entropy.target)
 
 
 def test_no_stale_key_is_ever_emitted():
@@ -95,7 +95,8 @@ def test_entropy_modes(mode, coeff, trainer, gated):
     if gated:
         assert o["actor_rollout_ref.actor.calculate_entropy"] == "true"
         assert {k: o[f"+sirius.entropy.{k}"] for k in ("target", "delta", "coef_max", "coef")} == {
-            "target": "0.3", "delta": "0.001", "coef_max": "0.004", "coef": "0.002"}
+            "target": str(load_config(NANO).stages[0].entropy.target), "delta": "0.001", "coef_max": "0.004",
+            "coef": "0.002"}
     else:
         assert not [k for k in o if k.startswith("+sirius.")]
 
