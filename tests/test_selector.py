@@ -63,11 +63,28 @@ def test_consensus_scores_exact_values():
     assert consensus_scores(classes, 5, 0.5) == pytest.approx([(2 + 0.5 * 0.5) / 5, (1 + 0.5 * 2 * 0.5) / 5, 1 / 5])
 
 
-def test_partial_agreement_ignores_column_order():
-    b = [ballot("a", "q", (1, "x")), ballot("b", "q", ("x", 1))]
-    classes = result_classes(b, [0, 1], "bird")
-    assert len(classes) == 2
-    assert consensus_scores(classes, 2, 1.0) == [1.0, 1.0]
+def test_partial_agreement_follows_the_compare_mode_in_column_order():
+    """Under `bird` the same cells in another column order are another answer: no partial credit either;
+    under `spider` they are one class already."""
+    b = [ballot("a", "q", (1, "x"), (2, "y")), ballot("b", "q", ("x", 1), ("y", 2)), ballot("c", "q", (1, "x"))]
+    bird = result_classes(b, [0, 1, 2], "bird")
+    assert [c.members for c in bird] == [[0], [1], [2]]
+    assert consensus_scores(bird, 3, 1.0, "bird") == pytest.approx([(1 + 2 / 3) / 3, 1 / 3, (1 + 2 / 3) / 3])
+    spider = result_classes(b, [0, 1, 2], "spider")
+    assert [c.members for c in spider] == [[0, 1], [2]]
+    assert consensus_scores(spider, 3, 1.0, "spider") == pytest.approx([(2 + 2 / 3) / 3, (1 + 2 * 2 / 3) / 3])
+
+
+def test_a_column_swapped_minority_does_not_overturn_a_bird_majority():
+    """5 candidates of one generator agree; 4 other generators return the same cells in another column
+    order (another answer under `bird`). Partial credit across column orders made it a near tie the
+    structural reranker then gave to the 4 sources; the majority must win by consensus."""
+    rows, swapped = ((1, "x"), (2, "y")), (("x", 1), ("y", 2))
+    pool = [Ballot("spec", "SELECT id, name FROM t", OK, rows)] * 5 + \
+        [Ballot(f"gen{k}", "SELECT name, id FROM t", OK, swapped) for k in range(4)]
+    chosen = select(pool, SelectorConfig(compare="bird", partial_weight=0.5))
+    assert chosen.index == 0 and chosen.decided_by == "consensus", chosen
+    assert chosen.classes[0].s_maj == pytest.approx(5 / 9)
 
 
 def test_preference_asks_both_orders_and_cancels_position_bias():

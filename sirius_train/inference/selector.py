@@ -14,7 +14,8 @@ optional LLM judge is passed in as a function, so the math never does I/O.
 2. *Stage 1, result level.* Admitted candidates form result-equivalence classes (the same
    `rewards.compare.results_match` as the reward, so selection and evaluation agree on "same answer").
    - S_maj, tuple-level consensus: a class's own votes plus partial credit from every other admitted
-     candidate whose rows overlap (row Dice, column order ignored), weighted by `partial_weight`
+     candidate whose rows overlap (row Dice; rows compared as the compare mode compares them: column
+     order counts under `bird`, not under `spider`), weighted by `partial_weight`
      (0.5: a result that overlaps another counts at most half an identical one), all divided by the
      pool size N.
    - S_rm, pairwise preference (optional): a judge compares representatives of the top classes, every
@@ -38,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rewards.compare import parse_mode, results_match
+from rewards.compare import CompareMode, parse_mode, results_match
 from rewards.outcome import Status
 from sirius_train.inference.structure import Signature, signature
 
@@ -190,8 +191,11 @@ def admitted(ballots: Sequence[Ballot]) -> list[int]:
     return rows
 
 
-def consensus_scores(classes: Sequence[ResultClass], n: int, partial_weight: float) -> list[float]:
+def consensus_scores(classes: Sequence[ResultClass], n: int, partial_weight: float,
+                     compare: str = "bird") -> list[float]:
     """S_maj of each class: (own votes + partial_weight * sum of row-Dice overlaps with other votes) / n.
+    Rows overlap when they are the same row under `compare`: under `bird` a row with its columns in
+    another order is another answer, so it earns no partial credit; under `spider` it is the same one.
 
     Example:
         >>> a, b, c = ResultClass([0, 1], ((1,), (2,))), ResultClass([2], ((1,), (3,))), ResultClass([3], ((9,),))
@@ -199,8 +203,11 @@ def consensus_scores(classes: Sequence[ResultClass], n: int, partial_weight: flo
         [0.5, 0.25, 0.25]
         >>> consensus_scores([a, b, c], 4, 1.0)
         [0.625, 0.5, 0.25]
+        >>> swapped = ResultClass([0], ((1, "x"),)), ResultClass([1], (("x", 1),))
+        >>> consensus_scores(swapped, 2, 1.0, "bird"), consensus_scores(swapped, 2, 1.0, "spider")
+        ([0.5, 0.5], [1.0, 1.0])
     """
-    keys = [_row_keys(cls.rows) for cls in classes]
+    keys = [_row_keys(cls.rows, compare) for cls in classes]
     scores = []
     for i, cls in enumerate(classes):
         partial = sum(len(other.members) * _dice(keys[i], keys[j])
@@ -279,7 +286,7 @@ def select(ballots: Sequence[Ballot], config: SelectorConfig = SelectorConfig(),
         return _unverified(ballots)
     n = len(ballots)
     classes = result_classes(ballots, voters, config.compare)
-    for cls, s in zip(classes, consensus_scores(classes, n, config.partial_weight)):
+    for cls, s in zip(classes, consensus_scores(classes, n, config.partial_weight, config.compare)):
         cls.s_maj = s
     classes.sort(key=lambda c: (-c.s_maj, c.members[0]))
     if judge is not None and len(classes) > 1 and config.judge_weight > 0:
@@ -371,7 +378,11 @@ def _invariant(rows: tuple) -> frozenset:
     return frozenset(frozenset(row) for row in rows)
 
 
-def _row_keys(rows: tuple) -> frozenset:
+def _row_keys(rows: tuple, compare: str) -> frozenset:
+    """The rows as `compare` tells rows apart: as they are (`bird`), or as multisets of cells (`spider`,
+    which accepts any column permutation)."""
+    if parse_mode(compare) is CompareMode.BIRD:
+        return frozenset(rows)
     return frozenset(_unordered_row(row) for row in rows)
 
 
