@@ -14,6 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 
 
+class UnreadableDatabase(ValueError):
+    """A database file SQLite cannot read (a git-LFS pointer, a truncated copy): the message names the file."""
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
@@ -126,7 +130,11 @@ def read_schema(db_path: str | Path, n_samples: int = 3, db_id: str | None = Non
     path = Path(db_path)
     if not path.is_file():
         raise FileNotFoundError(f"database file not found: {path}")
-    return _read_schema_cached(str(path.resolve()), path.stat().st_mtime_ns, n_samples, db_id or path.stem)
+    try:
+        return _read_schema_cached(str(path.resolve()), path.stat().st_mtime_ns, n_samples, db_id or path.stem)
+    except sqlite3.DatabaseError as e:
+        raise UnreadableDatabase(f"{path}: not a readable SQLite database ({e}); a git-LFS pointer or a partial "
+                                 "copy? replace the file with the real database") from None
 
 
 @lru_cache(maxsize=256)

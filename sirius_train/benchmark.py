@@ -76,18 +76,22 @@ def load_questions(path: Path, fmt: str = "auto") -> list[BenchQuestion]:
 
 
 def check_databases(questions: list[BenchQuestion], db_root: Path) -> None:
+    """Every question's database exists and SQLite can read it, before any answer is generated."""
+    from data_synthesis.schema import read_schema
     from rewards.databases import UnknownDatabase, resolve_db_path
 
-    missing = {}
+    missing, paths = {}, {}
     for q in questions:
         try:
-            resolve_db_path(db_root, q.db_id)
+            paths.setdefault(q.db_id, resolve_db_path(db_root, q.db_id))
         except UnknownDatabase:
             missing.setdefault(q.db_id, q.id)
     if missing:
         first = ", ".join(f"{db} (question {qid})" for db, qid in list(missing.items())[:5])
         raise BenchmarkError(f"no database under {db_root} for {first}: every question needs "
                              f"{db_root}/<db_id>/<db_id>.sqlite (check --db-root)")
+    for db_id, path in paths.items():
+        read_schema(path, n_samples=0, db_id=db_id)  # UnreadableDatabase names the file
 
 
 def run_phases(run_dir: Path) -> list[tuple[str, Path]]:
@@ -194,6 +198,8 @@ def benchmark_model(spec: ModelSpec, questions: list[BenchQuestion], db_root: Pa
 
 
 def _read_cache(path: Path) -> dict[str, dict]:
+    from data_synthesis.jsonl import JsonlError, read_jsonl
+
     if not path.is_file():
         return {}
     data = path.read_bytes()
@@ -201,7 +207,11 @@ def _read_cache(path: Path) -> dict[str, dict]:
     if len(complete) != len(data):
         with path.open("r+b") as f:
             f.truncate(len(complete))
-    return {str(r["id"]): r for r in map(json.loads, complete.decode().splitlines()) if r}
+    try:
+        rows = read_jsonl(path, required=("id",))
+    except JsonlError as e:
+        raise BenchmarkError(f"corrupt benchmark cache: {e}; delete {path} to generate its answers again") from None
+    return {str(r["id"]): r for r in rows}
 
 
 def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Path, settings: Settings, executor,

@@ -388,7 +388,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
                 raise ConfigError(f"overrides must look like key=value, got {bad}")
             for override in overrides:
                 key, value = override.split("=", 1)
-                _check_key(re.sub(r"\[(\d+)\]", r".\1", key.strip()).split("."), f"override {override!r}: ")
+                parts = re.sub(r"\[(\d+)\]", r".\1", key.strip()).split(".")
+                _check_key(parts, f"override {override!r}: ")
+                _check_index(merged, parts, f"override {override!r}: ")
                 parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
                 OmegaConf.update(merged, key.strip(), parsed, merge=True)
         cfg = OmegaConf.to_object(merged)
@@ -424,6 +426,19 @@ def _check_key(parts: list[str] | tuple, where: str) -> None:
             hint = f"did you mean {close[0]!r}?" if close else f"the keys there are {', '.join(known)}"
             raise ConfigError(f"{where}unknown key {part!r} {place}; {hint}")
         section = typing.get_type_hints(section)[part]
+
+
+def _check_index(merged, parts: list[str], where: str) -> None:
+    """An index past the end of a list names the entries that exist: "no stages.1: the config has 1
+    (stages.0)" rather than omegaconf's "dict is not a subclass of StageConf"."""
+    for depth, part in enumerate(parts):
+        if part.isdigit():
+            parent = ".".join(parts[:depth])
+            node = OmegaConf.select(merged, parent) if parent else None
+            if OmegaConf.is_list(node) and int(part) >= len(node):
+                have = ", ".join(f"{parent}.{i}" for i in range(len(node))) or "none"
+                raise ConfigError(f"{where}no {parent}.{part}: the config has {len(node)} ({have}); add the entry to "
+                                  "the config file to override it")
 
 
 def to_yaml(cfg: RunConfig) -> str:

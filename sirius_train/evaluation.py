@@ -31,6 +31,7 @@ BIRD_SEPARATOR = "\t----- bird -----\t"
 BIRD_BUCKETS = ("simple", "moderate", "challenging")
 FORMATS = ("jsonl", "bird", "spider")
 GOLD_SQL_KEYS = ("gold_sql", "sql", "SQL", "query")
+ID_FIELD = {"id": (str, int)}  # predictions are joined to gold by id: it must be hashable and comparable
 
 
 class EvaluationInputError(ValueError):
@@ -165,7 +166,7 @@ def _read_gold(path: Path) -> list[dict]:
         raise EvaluationInputError(f"{path}: no such gold file")
     if path.suffix.lower() == ".jsonl":
         try:
-            return read_jsonl(path, required=("id", "db_id"), parse=lambda r: _gold_row(r, r["id"]))
+            return read_jsonl(path, required=ID_FIELD | {"db_id": None}, parse=lambda r: _gold_row(r, r["id"]))
         except JsonlError as e:
             raise EvaluationInputError(str(e)) from None
     if path.suffix.lower() == ".json":
@@ -195,6 +196,8 @@ def _gold_row(row, ident) -> dict:
     sql = next((row[k] for k in GOLD_SQL_KEYS if isinstance(row.get(k), str)), None)
     if sql is None or "db_id" not in row:
         raise ValueError(f"a gold entry needs db_id and one of {list(GOLD_SQL_KEYS)} as a string")
+    if not isinstance(ident, (str, int)) or isinstance(ident, bool):
+        raise ValueError(f"an id is a string or an integer (predictions are joined by it), got {ident!r:.40}")
     out = {"id": ident, "db_id": str(row["db_id"]), "sql": sql}
     if row.get("difficulty"):
         out["difficulty"] = str(row["difficulty"])
@@ -213,7 +216,7 @@ def _read_jsonl_predictions(path: Path) -> dict:
         preds[r["id"]] = sql
 
     try:
-        read_jsonl(path, required=("id",), parse=add)
+        read_jsonl(path, required=ID_FIELD, parse=add)
     except JsonlError as e:
         raise EvaluationInputError(str(e)) from None
     return preds

@@ -18,10 +18,12 @@ from fastapi.responses import JSONResponse
 
 
 class FakeOpenAIServer:
-    def __init__(self, answer: Callable[[list[dict], int], str], fail_first: int = 0):
+    def __init__(self, answer: Callable[[list[dict], int], str], fail_first: int = 0, fail_after: int | None = None):
+        """`fail_first`: the first requests get HTTP 503; `fail_after`: every request after that many gets HTTP 400
+        (an endpoint that goes bad midway: a quota spent, a model unloaded)."""
         self.answer = answer
         self.requests: list[dict] = []
-        self._fail_first = fail_first
+        self._fail_first, self._fail_after = fail_first, fail_after
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
@@ -31,6 +33,8 @@ class FakeOpenAIServer:
             if self._fail_first > 0:
                 self._fail_first -= 1
                 return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+            if self._fail_after is not None and len(self.requests) > self._fail_after:
+                return JSONResponse({"error": {"message": "quota exceeded"}}, status_code=400)
             n = int(body.get("n", 1))
             choices = [{"index": i, "finish_reason": "stop",
                         "message": {"role": "assistant", "content": self.answer(body["messages"], i)}}

@@ -126,3 +126,39 @@ def test_a_dead_endpoint_loses_nothing(demo_db_root, retail):
     failed, good = task.candidates
     assert "503" in failed.events[2]["error"] and failed.dropped.startswith("error: wrong number of arguments")
     assert good.outcome.status is Status.OK and good.dropped is None
+
+
+def test_select_repair_with_llm_url_runs_the_recovery_step(demo_db_root, tmp_path):
+    """`sirius select --repair --llm-url`: a pool whose every candidate fails (unknown column, runtime error the
+    corrector cannot fix) is asked afresh with condensed negative feedback, and the recovered SQL is the pick."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from sirius_train.cli import app
+    from sirius_train.commands.select import RECOVERY_SOURCE
+
+    broken = "SELECT name FROM customers WHERE substr(city) = 'Paris'"
+    pools = tmp_path / "pools.jsonl"
+    pools.write_text(json.dumps({"id": "q", "db_id": "retail", "question": "Which customers live in Paris?",
+                                 "candidates": [{"source": "a", "sql": "SELECT nme FROM customers"},
+                                                {"source": "b", "sql": broken}]}) + "\n")
+
+    def scripted(messages, i):  # the corrector repeats the failure; a fresh attempt told what failed gets it right
+        return fenced(GOOD if "Earlier attempts failed" in messages[-1]["content"] else broken)
+
+    out, trace = tmp_path / "picks.jsonl", tmp_path / "trace.jsonl"
+    with FakeOpenAIServer(scripted) as server:
+        result = CliRunner().invoke(app, ["select", "--db-root", str(demo_db_root), "--input", str(pools),
+                                          "--output", str(out), "--trace", str(trace), "--repair", "--llm-url",
+                                          server.url, "--quiet", "--workers", "0"])
+        asked = instructions(server)
+    assert result.exit_code == 0, result.output
+    [feedback] = [p for p in asked if "Earlier attempts failed" in p]
+    assert "- SELECT nme FROM customers -> filtered: unknown column: nme" in feedback
+    assert f"- {broken} -> error: wrong number of arguments" in feedback
+    pick = json.loads(out.read_text())
+    assert pick["sql"] == GOOD and pick["source"] == RECOVERY_SOURCE
+    [line] = trace.read_text().splitlines()
+    recovered = [c for c in json.loads(line)["candidates"] if c["origin"] == "recovery"]
+    assert recovered and all(c["events"][1]["step"] == "recovery" for c in recovered)

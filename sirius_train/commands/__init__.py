@@ -11,9 +11,12 @@ from contextlib import contextmanager
 
 import typer
 
+from rewards.databases import UnknownDatabase
+
 # What a user can cause and fix: bad files, flags and values (ValueError: JsonlError, DatasetError, ConfigError,
-# ...), missing or unwritable files and folders (OSError), an unknown database (LookupError: UnknownDatabase).
-USER_ERRORS = (ValueError, OSError, LookupError)
+# ...), missing or unwritable files and folders (OSError), an unknown database (UnknownDatabase). Not
+# LookupError as a whole: an internal KeyError / IndexError is a bug, and `error: 'x'` would hide it.
+USER_ERRORS = (ValueError, OSError, UnknownDatabase)
 
 
 def fail(message: object) -> typer.Exit:

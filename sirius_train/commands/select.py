@@ -2,7 +2,8 @@
 
 Contract (used by other tools): input lines `{"id", "db_id", "question", "candidates": [{"source", "sql"}]}`,
 output lines in the same order `{"id", "sql", "source", "score"}`. Without `--llm-url` the result is fully
-deterministic; with it, an LLM judge adds S_rm (and, with `--repair`, the corrector repairs failures).
+deterministic; with it, an LLM judge adds S_rm (and, with `--repair`, the corrector repairs failures and a
+pool with no clean candidate left is asked afresh with condensed negative feedback: SPEC 4, step 4).
 """
 
 from __future__ import annotations
@@ -60,22 +61,44 @@ def select_file(db_root: Path, input_path: Path, output_path: Path, *, config, m
     tasks = [make_task(db_root, p["id"], str(p["db_id"]), str(p["question"]), given(p["candidates"]),
                        p.get("evidence")) for p in pools]
     client = ChatClient(llm_url, llm_model) if llm_url else None
+    corrector = Corrector(client) if (client and repair) else None
     lifecycle_config = LifecycleConfig(structural_repair=repair)
     with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
         stderr.print(f"select: {len(tasks)} questions, {sum(len(t.candidates) for t in tasks)} candidates; "
                      f"method={method}, compare={config.compare}, margin={config.margin}, "
                      f"partial_weight={config.partial_weight}, judge={'on' if client else 'off'}, "
                      f"repair={'on' if repair else 'off'}")
-        lifecycle = Lifecycle(executor, Corrector(client) if (client and repair) else None, config=lifecycle_config)
+        lifecycle = Lifecycle(executor, corrector, recovery(corrector) if corrector else None, config=lifecycle_config)
         with stderr.status("filter, execute" + (", repair" if repair else "")):
             lifecycle.run(tasks)
         stderr.print(f"lifecycle: {lifecycle.summary()}")
         with progress_bar("selecting", len(tasks), show_progress) as advance:
             answers = answer(tasks, config, method, PairwiseJudge(client) if client else None, advance)
+    if unjudged := sum(a.judge_error is not None for a in answers):
+        stderr.print(f"[yellow]warning:[/] the judge at {llm_url} failed on {unjudged} of {len(answers)} questions; "
+                     "those were selected with S_rm = 0 (the trace's judge_error says why)")
     write_jsonl(output_path, (a.pick() for a in answers))
     if trace_path is not None:
         write_jsonl(trace_path, (a.trace() for a in answers))
     return answers
+
+
+RECOVERY_SOURCE = "recovery_llm"  # provenance of the candidates the LLM writes when a pool has collapsed
+
+
+def recovery(corrector):
+    """The lifecycle's recovery step for given pools (SPEC 4, step 4): when no clean candidate is left, the
+    LLM behind `--llm-url` is asked afresh with condensed negative feedback on what failed and how."""
+    from sirius_train.inference.candidates import Candidate
+
+    def recover(question, feedback: str, n: int):
+        sqls = corrector.recover(question, feedback, n)
+        candidates = [Candidate(RECOVERY_SOURCE, k, sql, "recovery") for k, sql in enumerate(sqls)]
+        for c in candidates:
+            c.record("generate", source=RECOVERY_SOURCE, origin="recovery", sql_found=True)
+        return candidates
+
+    return recover
 
 
 def register(app: typer.Typer) -> None:
@@ -93,7 +116,8 @@ def register(app: typer.Typer) -> None:
         partial_weight: float = typer.Option(None, "--partial-weight", help="weight of partial row agreement in S_maj"),
         rerank: str = typer.Option("auto", "--rerank", help="structural reranker: auto | always | never"),
         repair: bool = typer.Option(False, "--repair/--no-repair",
-                                    help="typed repair before selecting: structural operators, plus the LLM with --llm-url"),
+                                    help="typed repair before selecting: structural operators, plus the LLM with --llm-url "
+                                         "(corrector, and recovery when no clean candidate is left)"),
         trace: Path = typer.Option(None, "--trace", help="also write per-question traces (JSONL)"),
         timeout: float = typer.Option(5.0, "--timeout", help="seconds per query, enforced inside SQLite"),
         workers: int = typer.Option(2, "--workers", help="sandboxed worker processes (0 = in-process)"),

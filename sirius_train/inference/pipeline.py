@@ -6,11 +6,13 @@ through `answer`, so a pick means the same thing whichever command produced it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_synthesis.chat_client import EndpointError
 from data_synthesis.schema import read_schema
 from rewards.databases import resolve_db_path
 from sirius_train.inference.candidates import Candidate, Question
@@ -37,6 +39,7 @@ class Answer:
     ballots: list[Ballot]
     selection: Selection
     why: str
+    judge_error: str | None = None  # the judge failed on this question: selected with S_rm = 0
 
     @property
     def winner(self) -> Candidate | None:
@@ -62,28 +65,56 @@ class Answer:
 
     def trace(self) -> dict:
         """Everything: each candidate's lifecycle events and the selector's scores per result class."""
-        return {"id": self.task.question.id, "db_id": self.task.question.db_id, "question": self.task.question.question,
-                "winner": self.selection.index, "why": self.why, "selection": self.selection.to_json(self.ballots),
-                "candidates": [c.to_json() for c in self.task.candidates]}
+        out = {"id": self.task.question.id, "db_id": self.task.question.db_id, "question": self.task.question.question,
+               "winner": self.selection.index, "why": self.why, "selection": self.selection.to_json(self.ballots),
+               "candidates": [c.to_json() for c in self.task.candidates]}
+        if self.judge_error is not None:
+            out["judge_error"] = self.judge_error
+        return out
 
 
 def answer(tasks: list[Task], config: SelectorConfig = SelectorConfig(), method: str = "hybrid",
            judge: PairwiseJudge | None = None, on_answer: Callable[[], None] | None = None) -> list[Answer]:
-    """Select one candidate per task (tasks must have been through the lifecycle)."""
+    """Select one candidate per task (tasks must have been through the lifecycle).
+
+    A judge that fails on some questions (an endpoint going bad midway) leaves them with S_rm = 0 and a
+    `judge_error`; one that never gave a verdict raises its EndpointError (a wrong URL is not a lapse)."""
     if method not in METHODS:
         raise ValueError(f"unknown selection method {method!r}; use one of {METHODS}")
 
+    answered = threading.Event()  # the judge gave at least one verdict: it is reachable and configured right
+
+    def verdicts(question):
+        ask = judge.for_question(question)
+
+        def counted(a, b):
+            verdict = ask(a, b)
+            answered.set()
+            return verdict
+        return counted
+
     def one(task: Task) -> Answer:
-        ballots = task.ballots()
+        ballots, judge_error = task.ballots(), None
         if method == "majority":
             selection = majority_vote(ballots, config.compare)
         else:
-            selection = select(ballots, config, judge.for_question(task.question) if judge else None)
+            try:
+                selection = select(ballots, config, verdicts(task.question) if judge else None)
+            except EndpointError as e:  # S_rm is optional (SPEC 4): without the judge it is 0, the batch goes on
+                judge_error = str(e)
+                selection = select(ballots, config)
         if on_answer is not None:
             on_answer()
-        return Answer(task, ballots, selection, explain(selection, ballots, config))
+        why = explain(selection, ballots, config)
+        if judge_error is not None:
+            why += "; the judge failed on this question, so S_rm is 0"
+        return Answer(task, ballots, selection, why, judge_error)
 
     if judge is None:
         return [one(task) for task in tasks]
     with ThreadPoolExecutor(JUDGE_CONCURRENCY) as pool:  # the judge is HTTP-bound: questions in parallel
-        return list(pool.map(one, tasks))
+        answers = list(pool.map(one, tasks))
+    failed = [a.judge_error for a in answers if a.judge_error is not None]
+    if failed and not answered.is_set():  # it never answered: a wrong URL or a dead server, not a lapse midway
+        raise EndpointError(failed[0])
+    return answers
