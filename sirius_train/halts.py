@@ -48,9 +48,15 @@ def preemption_signals(forward: Callable[[signal.Signals], None] | None = None):
     try:
         yield caught
     finally:
-        _open.remove(caught)
+        _close(caught)
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _close(caught: list[str]) -> None:
+    """Take `caught` itself out of `_open`: `list.remove` would take the first *equal* list, and an enclosing
+    context's list is as empty as an inner one's until a signal arrives."""
+    del _open[next(i for i, c in enumerate(_open) if c is caught)]
 
 
 def pending() -> str | None:

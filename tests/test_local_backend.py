@@ -423,3 +423,44 @@ def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tiny_run, 
     assert second.returncode == 0, second.stderr[-3000:]
     assert _stage1_steps(run_dir) == list(range(1, 7))
     assert _rows_without_timings(run_dir) == _rows_without_timings(tiny_run[2])
+
+
+def test_a_signal_after_the_trainers_context_closed_stops_the_schedule_after_stage1(tiny_run, tmp_path):
+    """SIGTERM during stage-1 evaluation, after the DAPO trainer's own signal context has closed: the schedule's
+    context still hears it, so the run stops at the next durable point (stage 1's DONE.json) before stage 2 starts;
+    the same run resumed finishes stage 2 without redoing stage 1."""
+    import shutil
+
+    from sirius_train.halts import Preempted
+    from sirius_train.local.backend import LocalBackend
+    from sirius_train.schedule import run
+
+    cfg, _, finished = tiny_run
+    run_dir = tmp_path / "runs" / "tiny"
+    shutil.copytree(finished, run_dir, ignore=shutil.ignore_patterns("stage2", "DONE.json", "summary.json"))
+    for phase in ("base", "sft"):  # stage 1 resumes from its last checkpoint (its step 6 of 6): train, evaluate
+        shutil.copy(finished / phase / "DONE.json", run_dir / phase / "DONE.json")
+    cfg = load_config(NANO, tiny_overrides(tmp_path))  # the fixture's config, in tmp_path
+    logged = len(_rows(run_dir))
+
+    class SignalDuringStage1Evaluation(LocalBackend):
+        def evaluate(self, model_path, data, stage):
+            if stage == "stage1":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().evaluate(model_path, data, stage)
+
+    backend = SignalDuringStage1Evaluation(cfg)
+    try:
+        with pytest.raises(Preempted, match=r"^SIGTERM: stopped after stage1 and its evaluation"):
+            run(cfg, backend)
+    finally:
+        backend.close()
+    assert (run_dir / "stage1" / "DONE.json").is_file() and not (run_dir / "stage2").exists()
+
+    backend = LocalBackend(cfg)
+    try:
+        summary = run(cfg, backend)
+    finally:
+        backend.close()
+    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
+    assert [r["stage"] for r in _rows(run_dir)[logged:] if r.get("eval") == "final"] == ["stage1", "stage2"]

@@ -46,6 +46,23 @@ def test_a_signal_caught_outside_is_pending_inside_and_handlers_come_back():
     assert pending() is None and signal.getsignal(signal.SIGUSR1) is before
 
 
+def test_a_signal_after_an_inner_context_closed_is_pending_in_the_outer_one():
+    """The schedule's context and a phase's (the DAPO trainer's, verl's launcher's) both start empty, so they are
+    *equal* lists: closing the inner one must leave the outer one open, and a signal sent afterwards -- during
+    stage-1 evaluation, stage-2 pass rates -- must reach `pending()`; the outer one then closes cleanly."""
+    from sirius_train.halts import pending, preemption_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with preemption_signals() as outer:
+        with preemption_signals() as inner:
+            assert inner == outer == [] and pending() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert outer == ["SIGTERM"] and pending() == "SIGTERM"
+        with preemption_signals() as later:  # stage 2's trainer: starts with it and stops after one step
+            assert later == ["SIGTERM"]
+    assert pending() is None and signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_to_the_launcher_reaches_verls_process_group_and_ends_in_preempted(tmp_path, sig):
     """verl's launcher forwards the signal to verl's whole process group, waits for it, raises `Preempted`
