@@ -51,7 +51,11 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
              for answer, gold, extra in zip(solution_strs, ground_truths, extra_infos)]
     url = kwargs.get("reward_url") or os.environ.get("SIRIUS_REWARD_URL")
     if url:
-        results = _client(str(url), kwargs).score(items)
+        _local.extra_infos = extra_infos  # for the in-process fallback, which runs in this thread (`_InProcess`)
+        try:
+            results = _client(str(url), kwargs).score(items)
+        finally:
+            _local.extra_infos = None
     else:
         results = _score_in_process(items, extra_infos, kwargs)
     return [_verl_score(r) for r in results]
@@ -108,10 +112,12 @@ def _client(urls: str, kwargs):
 
 
 class _InProcess:
-    """The fallback behind a reward server: the same sandboxed scoring `compute_score` does without one."""
+    """The fallback behind a reward server: the same sandboxed scoring `compute_score` does without one, with
+    each item's `extra_info` (verl keeps `db_root` there) from the batch this thread is scoring."""
 
     def __init__(self, kwargs):
         self.kwargs = kwargs
 
     def score(self, items: list[ScoreItem]) -> list[ScoreResult]:
-        return _score_in_process(items, [None] * len(items), self.kwargs)
+        extra_infos = getattr(_local, "extra_infos", None) or [None] * len(items)
+        return _score_in_process(items, extra_infos, self.kwargs)

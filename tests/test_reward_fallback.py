@@ -42,3 +42,18 @@ def test_verl_reward_function_falls_back_when_its_server_is_killed(demo_db_root,
             compute_score_batch(["d", "d"], ANSWERS, GOLD, EXTRA, **kwargs, reward_fallback=False)
     finally:
         server.stop()
+
+
+def test_fallback_finds_db_root_in_extra_info_as_verl_lays_it_out(demo_db_root, capsys):
+    """verl's rows carry `db_root` in `extra_info` (data_synthesis.export), not in the reward kwargs: the
+    in-process fallback must read it there as the serverless path does."""
+    server = spawn(ServerConfig(demo_db_root, workers=1, timeout_s=5.0))
+    extra = [{"db_id": "retail", "db_root": str(demo_db_root)}] * 2
+    kwargs = {"reward_url": server.url, "reward_timeout_s": 5.0}
+    try:
+        served = compute_score_batch(["d", "d"], ANSWERS, GOLD, extra, **kwargs)
+        kill_server(server)
+        assert compute_score_batch(["d", "d"], ANSWERS, GOLD, extra, **kwargs) == served
+        assert "reward server unavailable" in capsys.readouterr().err
+    finally:
+        server.stop()
