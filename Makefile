@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_CPU := torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo test test-slow install install-dev bench clean-demo
+.PHONY: demo test test-slow test-verl-cpu install install-dev bench clean-demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ test: install-dev
 
 test-slow: install-dev
 	$(PY) -m pytest -q -m slow
+
+# verl's real trainer on this CPU with vLLM's CPU build, in its own environment (constraints/verl-cpu.txt): the
+# cluster path's end-to-end tests (marker verl_cpu), and the vLLM paths' tests on a real vLLM engine.
+VERL_CPU_VENV := .venv-verl-cpu
+$(VERL_CPU_VENV)/.built: constraints/verl-cpu.txt pyproject.toml scripts/verl_cpu_venv.sh
+	scripts/verl_cpu_venv.sh $(VERL_CPU_VENV)
+	@touch $@
+
+test-verl-cpu: $(VERL_CPU_VENV)/.built
+	SIRIUS_REQUIRE_VERL=1 SIRIUS_REQUIRE_VLLM=1 $(VERL_CPU_VENV)/bin/python -m pytest -q -m verl_cpu -p no:cacheprovider
 
 bench: install-dev
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

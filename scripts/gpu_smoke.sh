@@ -69,8 +69,9 @@ fi
 record environment ok 0 "$(grep -m1 '^torch' "$OUT/env.txt")"
 
 # verl on this one GPU: the shape step 3 runs, and what doctor checks first
+# (prompt + answer within the nano model's 1024 positions: vLLM refuses a longer max_model_len)
 VERL1=(verl.n_gpus_per_node=1 verl.rollout_tp=1 verl.gpu_memory_utilization=0.3 verl.reward_workers=2
-       verl.max_prompt_length=1024 verl.strategy=fsdp2)
+       verl.max_prompt_length=512 verl.strategy=fsdp2)
 if ! "$PYTHON" -c "import flash_attn" >/dev/null 2>&1; then
     VERL1+=(verl.attn_implementation=sdpa)  # verl's default flash_attention_2 needs the flash-attn package
 fi
@@ -82,9 +83,10 @@ if [[ -n "${SMOKE_MODEL:-}" ]]; then
         "$PYTHON" -m sirius_train.cli doctor configs/smoke_1gpu.yaml model.path="$SMOKE_MODEL"
 fi
 
-# A short nano schedule: same code path as `make demo`, sized to finish in a few minutes.
+# A short nano schedule: same code path as `make demo`, sized to finish in a few minutes. 16 SFT epochs: at 4 every
+# pass rate was 0, both curricula were empty and verl never launched (configs/verl_cpu_smoke.yaml, measured on CPU).
 SMALL=(data.generated_train_dbs=8 data.synth_per_db=60 data.generated_eval_dbs=2 data.eval_per_db=30
-       sft.epochs=4 logging.plots=false
+       sft.epochs=16 logging.plots=false
        stages.0.steps=6 stages.0.budget=96 stages.1.steps=6 stages.1.budget=96)
 
 # ---- 2. local backend on the GPU

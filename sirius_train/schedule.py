@@ -244,17 +244,18 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
             t_curriculum = time.monotonic() - t0
             stop_if_preempted(f"stopped before training {stage.name} (its curriculum {paths['parquet']} written)")
+            skipped = None
             if curriculum.examples:
                 model_out = backend.train_stage(index, stage, paths["parquet"], model, data, stage_dir)
             else:  # every example solved (p = 1) or never solved (p = 0): DAPO has no gradient to follow
-                stderr.print(f"[yellow]warning:[/] {stage.name}: empty curriculum ({curriculum.report['dropped']}); "
-                             "the stage is skipped and the model carried over")
+                skipped = empty_curriculum_message(stage.name, len(pool_rates), curriculum.report["dropped"], model)
+                stderr.print(f"[yellow]warning:[/] {skipped}")
                 model_out = model
             figures = backend.evaluate(model_out, data, stage.name)
             info = {"phase": stage.name, "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
                     "curriculum_seconds": round(t_curriculum, 1), "curriculum": str(paths["parquet"]),
                     "pool_mean_pass_rate": sum(pool_rates) / max(len(pool_rates), 1),
-                    "curriculum_report": curriculum.report, **figures}
+                    "curriculum_report": curriculum.report, **({"skipped": skipped} if skipped else {}), **figures}
             _mark_done(stage_dir, info)
         write_phase_card(cfg, data, info)
         stop_if_preempted(f"stopped after {stage.name} and its evaluation ({stage_dir / 'DONE.json'} written)")
@@ -272,3 +273,14 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
 
         plot_run(run_dir)
     return summary
+
+
+def empty_curriculum_message(stage: str, rated: int, dropped: dict, model: Path) -> str:
+    """Why a stage trains nothing, and what gives it something to train on.
+
+    >>> empty_curriculum_message("stage1", 199, {"p = 0": 199}, Path("runs/x/sft/model"))[:97]
+    'stage1: empty curriculum: none of the 199 rated pool questions has a pass rate strictly between 0'
+    """
+    return (f"{stage}: empty curriculum: none of the {rated} rated pool questions has a pass rate strictly between "
+            f"0 and 1 under {model} ({dropped}), so DAPO has no gradient to follow; the stage is skipped (no training "
+            "launched) and the model carried over. A longer warm start (sft.epochs) or an easier pool gives it one")

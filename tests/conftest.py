@@ -30,6 +30,14 @@ def import_verl(name: str = "verl"):
     return pytest.importorskip(name)
 
 
+def import_vllm():
+    """vLLM, or a skip where it is absent (every machine but the verl-on-CPU environment and GPU nodes); an error
+    where it is required (`make test-verl-cpu` sets SIRIUS_REQUIRE_VLLM=1: there these tests must run)."""
+    if os.environ.get("SIRIUS_REQUIRE_VLLM") == "1":
+        return importlib.import_module("vllm")
+    return pytest.importorskip("vllm")
+
+
 def skippable_import_error(error: ImportError) -> bool:
     """True only for an optional extra that is not installed (and not required); anything else is a broken import."""
     top = (getattr(error, "name", None) or "").split(".")[0]

@@ -135,3 +135,30 @@ def test_ports_the_run_still_has_to_bind_must_be_free():
         assert check.status == "FAIL" and f"{port} (reward server)" in check.detail
     (check,) = [c for c in doctor_report(cfg).checks if c.name == "ports"]
     assert check.status == "ok" and f"free: {port}" in check.detail
+
+
+def test_the_cpu_platform_is_reported_with_where_to_get_vllms_cpu_build():
+    """`verl.device: cpu`: the doctor names the platform module and vLLM's CPU build, or how to build that
+    environment; versions are held against constraints/verl-cpu.txt (here: the project's venv, no vLLM)."""
+    from sirius_train.verl_backend.cpu_platform import vllm_cpu_build
+
+    report = doctor_report(load_config(CONFIGS / "verl_cpu_smoke.yaml"))
+    checks = {c.name: c for c in report.checks}
+    platform = checks["verl CPU platform"]
+    assert "GPUs" not in checks and "flash-attn" in checks and checks["flash-attn"].status == "-"
+    if vllm_cpu_build() is None:
+        assert platform.status == "FAIL" and "scripts/verl_cpu_venv.sh" in platform.fix
+        assert checks["vllm"].status == "FAIL" and "scripts/verl_cpu_venv.sh" in checks["vllm"].fix
+    else:  # the verl-on-CPU environment (make test-verl-cpu)
+        assert platform.status == "ok" and "sirius_train.verl_backend.cpu_platform" in platform.detail
+        assert checks["vllm"].status == "ok" and "==0.27.0" in checks["vllm"].detail
+
+
+@pytest.mark.verl_cpu
+def test_doctor_in_the_verl_cpu_environment_is_green():
+    from conftest import import_vllm
+
+    import_vllm()
+    result = CliRunner().invoke(app, ["doctor", str(CONFIGS / "verl_cpu_smoke.yaml")], env={"COLUMNS": "250"})
+    assert "verl CPU platform" in result.output and "vLLM's CPU build (0.27.0+cpu)" in " ".join(result.output.split())
+    assert result.exit_code == 0, result.output

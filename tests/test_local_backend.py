@@ -464,3 +464,20 @@ def test_a_signal_after_the_trainers_context_closed_stops_the_schedule_after_sta
         backend.close()
     assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
     assert [r["stage"] for r in _rows(run_dir)[logged:] if r.get("eval") == "final"] == ["stage1", "stage2"]
+
+
+def test_a_warm_start_too_weak_for_any_gradient_says_so_and_records_the_skip(tmp_path, capsys):
+    """No SFT: an untrained model solves nothing, every pass rate is 0 and both curricula are empty. The run says
+    why nothing trained and what fixes it (scripts/gpu_smoke.sh once ran 4 SFT epochs and never launched verl)."""
+    from sirius_train.commands.train import run_schedule
+
+    cfg = load_config(NANO, [*tiny_overrides(tmp_path, "cold"), "sft.enabled=false", "data.synth_per_db=16",
+                             "data.eval_per_db=4", "stages.0.estimate_k=2", "stages.1.estimate_k=2",
+                             "stages.0.max_new_tokens=8", "stages.1.max_new_tokens=8", "logging.plots=false"])
+    summary = run_schedule(cfg)
+    err = " ".join(capsys.readouterr().err.split())
+    for phase in summary["phases"]:
+        assert phase["skipped"].startswith(f"{phase['phase']}: empty curriculum: none of the ")
+        assert phase["model"] == summary["phases"][0]["model"] == str(tmp_path / "runs" / "cold" / "base" / "model")
+    assert "so DAPO has no gradient to follow; the stage is skipped (no training launched)" in err
+    assert "A longer warm start (sft.epochs)" in err

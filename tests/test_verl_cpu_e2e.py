@@ -1,97 +1,243 @@
-"""Can verl 0.9.1 run a real DAPO step on CPU? No -- this reproduces exactly where it stops (docs/CLUSTER.md).
+"""The cluster path run for real on this CPU: `sirius train --backend verl` drives verl 0.9.1's own trainer (FSDP2 on
+gloo, rollouts on vLLM's CPU build, `verl.device: cpu`), on `configs/verl_cpu_smoke.yaml`.
 
-The nano model, a curriculum parquet and the overrides `sirius train --backend verl` would launch, on a
-one-"GPU" CPU shape (trainer.device=cpu, a local Ray). verl stops before the first rollout:
-1. as configured: `ResourcePoolManager.create_resource_pool` builds every pool with use_gpu=True and
-   `_check_resource_available` counts only GPU/NPU resources;
-2. with a logical GPU declared to Ray: the actor worker's `init_process_group("cpu:gloo,cuda:nccl")`,
-   because verl's platform manager knows nvidia/huawei/amd only and falls back to nvidia.
-Past both, the V1 trainer builds rollout *servers* (vLLM, SGLang, TRT-LLM replicas) and has no HF rollout.
-If verl changes any of this, this test fails and the note must be updated (and a real CPU step tried).
+Two runs share the work of every check here (each verl launch costs a minute of start-up on 2 cores):
+- `plain`: SFT, then two stages x 2 DAPO steps, reward in-process in verl's reward workers.
+- `served`: the same stages from `plain`'s warm start, reward through `sirius reward-server` on 127.0.0.1, stopped by
+  SIGTERM after stage 1's first checkpoint and rerun with the same command (verl's resume_mode=auto).
+
+Run in .venv-verl-cpu: `make test-verl-cpu`. A failed weight sync hangs rather than exits, so every launch has a
+hard timeout, and each run has its own Ray temp folder (Ray's sockets) and its Ray stopped at the end.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import import_verl
+from conftest import import_verl, import_vllm
 
 import_verl("verl")
-import_verl("transfer_queue")
+import_vllm()
 
-from data_synthesis.export import write_verl_parquet  # noqa: E402
-from data_synthesis.prompts import PromptFormat  # noqa: E402
-from data_synthesis.sqlgen.synthesize import synthesize  # noqa: E402
-from sirius_train.config import load_config  # noqa: E402
-from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer  # noqa: E402
-from sirius_train.schedule import RunData  # noqa: E402
-from sirius_train.verl_backend import VerlBackend  # noqa: E402
-from sirius_train.verl_backend.backend import plan_stage  # noqa: E402
-from sirius_train.verl_backend.launch import verl_env  # noqa: E402
-
-pytestmark = [pytest.mark.slow, pytest.mark.verl, pytest.mark.timeout(900),
-              pytest.mark.skipif(torch.cuda.is_available(), reason="documents the CPU-only stop")]
+pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[1]
-CPU_SHAPE = ["trainer.device=cpu", "ray_kwargs.ray_init.num_cpus=8", "data.dataloader_num_workers=0",
-             "actor_rollout_ref.rollout.agent.num_workers=1",
-             "transfer_queue.backend.SimpleStorage.num_data_storage_units=1"]
+CONFIG = ROOT / "configs" / "verl_cpu_smoke.yaml"
+RUN_LIMIT_S = 1500  # one `sirius train` of the smoke config takes ~6-9 minutes here; a hung weight sync never ends
+
+
+def _env(ray_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(ROOT), RAY_TMPDIR=str(ray_dir), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _train(args: list[str], env: dict[str, str], log: Path, stop_when=None) -> int:
+    """`sirius train` as a user runs it, bounded by RUN_LIMIT_S; `stop_when()` true -> SIGTERM (a preemption)."""
+    argv = [sys.executable, "-m", "sirius_train.cli", "train", str(CONFIG), *args]
+    with log.open("a") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline, stopped = time.monotonic() + RUN_LIMIT_S, False
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"sirius train still running after {RUN_LIMIT_S} s (a hung weight sync?); "
+                                         f"log {log}")
+                if stop_when is not None and not stopped and stop_when():
+                    proc.send_signal(signal.SIGTERM)  # as Slurm does: to sirius, which passes it on to verl
+                    stopped = True
+                time.sleep(2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return proc.returncode
+
+
+def _stop_ray(ray_dir: Path) -> None:
+    """Stop what is left of this run's Ray (its raylet and workers hold sockets under `ray_dir`)."""
+    import psutil
+
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if any(str(ray_dir) in part for part in p.info["cmdline"] or []):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def _metrics(stage_dir: Path) -> dict[int, dict]:
+    """verl's own per-step metrics of one stage (its file logger), later launches of a step winning."""
+    by_step = {}
+    for part in sorted(stage_dir.glob("verl_metrics.jsonl.*")) + [stage_dir / "verl_metrics.jsonl"]:
+        if part.is_file():
+            for line in part.read_text().splitlines():
+                row = json.loads(line)
+                by_step[row["step"]] = row["data"]
+    return by_step
 
 
 @pytest.fixture(scope="module")
-def stage_inputs(tmp_path_factory, demo_db_root):
-    """A run config on a one-"GPU" CPU shape, the nano model, a curriculum parquet and the held-out set."""
-    work = tmp_path_factory.mktemp("verl_cpu")
-    examples = synthesize(demo_db_root / "retail" / "retail.sqlite", 32, seed=0, db_id="retail")
-    fmt = PromptFormat(schema_style="compact", schema_samples=0, system="")
-    write_verl_parquet(examples[:24], work / "curriculum.parquet", demo_db_root, prompt_format=fmt)
-    tokenizer = train_tokenizer([e.question + " " + e.gold_sql for e in examples] * 4, 512)
-    model = build_nano_model(NanoModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
-                             tokenizer)
-    model.save_pretrained(work / "model")
-    tokenizer.save_pretrained(work / "model")
-    cfg = load_config(None, ["backend=verl", f"data.db_root={demo_db_root}", f"output_dir={work}",
-                             "verl.n_gpus_per_node=1", "verl.reward_workers=1", "verl.max_prompt_length=512",
-                             "verl.strategy=fsdp", "verl.use_remove_padding=false", "stages.0.prompts_per_step=4",
-                             "stages.0.n_samples=2", "stages.0.mini_batches=1", "stages.0.steps=1",
-                             "stages.0.max_new_tokens=16", "stages.0.overlong_cache=4",
-                             f"verl.overrides=[{','.join(CPU_SHAPE)}]"])
-    data = RunData(demo_db_root, [], examples[:24], examples[24:], fmt, "bird")
-    return cfg, data, work
+def work():
+    path = Path(tempfile.mkdtemp(prefix="vcpu"))  # short: Ray's socket paths live under it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-def test_backend_launches_verl_which_stops_at_its_gpu_check(stage_inputs):
-    cfg, data, work = stage_inputs
-    backend = VerlBackend(cfg)
-    stage_dir = cfg.run_dir / "stage1"
+@pytest.fixture(scope="module")
+def plain(work):
+    """Two stages on verl from the SFT warm start, reward in-process; every checkpoint kept, rollouts dumped."""
+    ray_dir = work / "r1"
+    args = [f"output_dir={work}", "name=plain", f"data.db_root={work / 'dbs'}", "verl.keep_checkpoints=0",
+            f"verl.overrides=[trainer.rollout_data_dir={work / 'rollouts'},"
+            "actor_rollout_ref.rollout.calculate_log_probs=true]"]
     try:
-        with pytest.raises(RuntimeError) as failure:
-            backend.train_stage(1, cfg.stages[0], work / "curriculum.parquet", work / "model", data, stage_dir)
+        code = _train(args, _env(ray_dir), work / "plain.log")
     finally:
-        backend.close()
-    assert "sirius_train.verl_backend.main_ppo exited with code" in str(failure.value)
-    assert "Total available GPUs 0 is less than total desired GPUs 1" in str(failure.value)
-    # everything before the launch happened: the held-out parquet, the resolved config, the command, the log
-    assert (cfg.run_dir / "data" / "eval.parquet").is_file()
-    assert "clip_ratio_c: 10.0" in (stage_dir / "verl_config.yaml").read_text()
-    command = (stage_dir / "verl_command.sh").read_text()
-    assert command.startswith(f"{sys.executable} -m sirius_train.verl_backend.main_ppo ")
-    log = (stage_dir / "verl.log").read_text()
-    assert "ray init kwargs" in log  # verl itself ran, and its TaskRunner (a Ray worker) built our gated trainer:
-    assert "sirius_train/verl_backend/entropy.py" in log and "in _setup" in log
-    assert not (stage_dir / "model").exists()
+        _stop_ray(ray_dir)
+    assert code == 0, (work / "plain.log").read_text()[-6000:]
+    return work / "plain"
 
 
-def test_with_a_logical_gpu_it_stops_at_nccl(stage_inputs):
-    cfg, _, work = stage_inputs
-    curriculum = work / "curriculum.parquet"  # the same command, plus a GPU resource declared to Ray (none exists)
-    plan = plan_stage(cfg, 1, cfg.stages[0], curriculum, work / "model", work / "probe", curriculum)
-    out = subprocess.run([*plan.argv, "+ray_kwargs.ray_init.num_gpus=1"], env=verl_env(str(ROOT), None), cwd=work,
-                         capture_output=True, text=True, timeout=800)
-    log = out.stdout + out.stderr
-    assert out.returncode != 0
-    assert "RuntimeError: Distributed package doesn't have NCCL built in" in log, log[-4000:]
+def test_two_stages_of_dapo_run_on_verls_trainer(plain):
+    summary = json.loads((plain / "summary.json").read_text())
+    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
+    for index, stage in ((1, "stage1"), (2, "stage2")):
+        stage_dir = plain / f"stage{index}"
+        steps = _metrics(stage_dir)
+        assert sorted(steps) == [1, 2], steps.keys()  # two DAPO steps, each logged by verl itself
+        for row in steps.values():
+            assert "actor/pg_loss" in row and "critic/score/mean" in row
+            # the entropy gate's coefficient, computed by our trainer inside verl, in verl's own metrics
+            assert {"actor/entropy_coef", "actor/entropy_gate_open", "actor/entropy_coef_next"} <= row.keys()
+        # ... and its state beside every verl checkpoint, the coefficient the next step starts from
+        for step in (1, 2):
+            gate = json.loads((stage_dir / "verl_checkpoints" / f"global_step_{step}" /
+                               "sirius_entropy_gate.json").read_text())
+            assert gate["mode"] == "adaptive" and gate["step"] == step
+            assert gate["coef"] == pytest.approx(steps[step]["actor/entropy_coef_next"])
+        assert (stage_dir / "model" / "config.json").is_file()  # the merged Hugging Face model
+    # stage 2 starts from stage 1's merged model, on a curriculum re-estimated with that model on vLLM
+    config2 = (plain / "stage2" / "verl_config.yaml").read_text()
+    assert f"path: {plain / 'stage1' / 'model'}\n" in config2
+    policies = {json.loads(line).get("policy") for line in
+                (plain / "stage2" / "passrates.cache.jsonl").read_text().splitlines()}
+    assert policies == {str(plain / "stage1" / "model")}
+    log = (plain.parent / "plain.log").read_text()
+    assert "pass rates (stage2, k=4, vLLM)" in log
+
+
+def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
+    """Weights change; after verl's weight sync the vLLM rollout samples from the updated actor, not the old one.
+
+    At stage 2's step 2 verl compares the log-probs vLLM sampled with (after syncing the step-1 weights) with the
+    actor's own on the same tokens (`training/rollout_probs_diff_mean`). Those rollouts are dumped, so their
+    log-probs under the weights before (stage 1's model) and after the step-1 update (the global_step_1 checkpoint)
+    are computed here with transformers: the update moved them by far more than vLLM differs from the actor --
+    had the sync failed, vLLM would still serve the old weights and differ from the actor by that whole move."""
+    import pyarrow.parquet as pq
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sirius_train.verl_backend.launch import latest_actor_checkpoint, merge_to_hf, verl_env
+
+    before_dir, stage_dir = plain / "stage1" / "model", plain / "stage2"
+    before, after = load_file(before_dir / "model.safetensors"), load_file(stage_dir / "model" / "model.safetensors")
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert len(changed) >= len(before) // 2, changed  # stage 2's two updates moved the weights
+
+    step1 = stage_dir / "verl_checkpoints" / "global_step_1"
+    merged = merge_to_hf(None, step1 / "actor", plain.parent / "step1_hf", verl_env(str(ROOT), None),
+                         plain.parent / "merge_step1.log")
+    assert latest_actor_checkpoint(stage_dir / "verl_checkpoints").parent.name == "global_step_2"
+    tokenizer = AutoTokenizer.from_pretrained(before_dir)
+    models = {name: AutoModelForCausalLM.from_pretrained(path).eval() for name, path in
+              (("before", before_dir), ("step1", merged))}
+    # verl dumps prompts decoded without special tokens: find each one's token ids among the curriculum's prompts
+    prompt_ids = {}
+    for messages in pq.read_table(stage_dir / "curriculum.parquet").column("prompt").to_pylist():
+        ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) else list(ids)
+        prompt_ids[tokenizer.decode(ids, skip_special_tokens=True)] = ids
+    rows = [json.loads(line) for line in (plain.parent / "rollouts" / "2.jsonl").read_text().splitlines()]
+    moved = []
+    for row in rows:
+        prompt = prompt_ids[row["input"]]
+        answer = tokenizer(row["output"], add_special_tokens=False)["input_ids"]
+        if not answer:
+            continue
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            logps = {name: torch.log_softmax(m(ids).logits[0, len(prompt) - 1:-1].float(), -1)
+                     .gather(-1, ids[0, len(prompt):, None])[:, 0] for name, m in models.items()}
+        moved.append((logps["step1"] - logps["before"]).abs().mean().item())
+    update_moved = sum(moved) / len(moved)
+    vllm_vs_actor = _metrics(stage_dir)[2]["training/rollout_probs_diff_mean"]
+    assert update_moved > 0.01, update_moved
+    assert vllm_vs_actor < update_moved / 5, (vllm_vs_actor, update_moved)
+    assert _metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
+
+
+@pytest.fixture(scope="module")
+def served(plain, work):
+    """The same stages through the reward server, from plain's warm start, SIGTERMed once and rerun."""
+    ray_dir = work / "r2"
+    server = subprocess.Popen([sys.executable, "-m", "sirius_train.cli", "reward-server", "--db-root",
+                               str(work / "dbs"), "--port", "0", "--workers", "1"], env=_env(ray_dir), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        for line in server.stdout:
+            if match := re.search(r"http://127\.0\.0\.1:\d+", line):
+                url = match.group(0)
+                break
+        assert url, "reward server did not announce its address"
+        args = [f"output_dir={work}", "name=served", f"data.db_root={work / 'dbs'}", f"reward.url={url}",
+                f"model.path={plain / 'sft' / 'model'}", "sft.enabled=false"]
+        marker = work / "served" / "stage1" / "verl_checkpoints" / "latest_checkpointed_iteration.txt"
+        first = _train(args, _env(ray_dir), work / "served.log", stop_when=marker.is_file)
+        _stop_ray(ray_dir)
+        stopped_at = marker.read_text().strip() if marker.is_file() else None
+        second = _train(args, _env(ray_dir), work / "served.log")
+        import httpx
+
+        served_items = httpx.get(url + "/metrics", timeout=10).text
+    finally:
+        _stop_ray(ray_dir)
+        server.terminate()
+        server.wait(timeout=60)
+    return {"run": work / "served", "first": first, "second": second, "stopped_at": stopped_at,
+            "log": (work / "served.log").read_text(), "metrics": served_items}
+
+
+def test_sigterm_mid_stage_resumes_from_verls_checkpoint_to_the_same_step_count(served, plain):
+    assert served["first"] != 0 and served["stopped_at"] == "1", served["log"][-4000:]
+    assert "SIGTERM: passed on to sirius_train.verl_backend.main_ppo" in served["log"]
+    assert served["second"] == 0, served["log"][-6000:]
+    stage1 = served["run"] / "stage1"
+    launches = (stage1 / "verl.log").read_text().count("main_ppo ")
+    assert launches >= 2  # the rerun launched verl again ...
+    assert "Load from checkpoint folder" in (stage1 / "verl.log").read_text() or \
+        "global_step_1" in (stage1 / "verl.log").read_text()  # ... which resumed from the step-1 checkpoint
+    for index in (1, 2):  # and every stage ends with the step count of the uninterrupted run
+        assert sorted(_metrics(served["run"] / f"stage{index}")) == sorted(_metrics(plain / f"stage{index}"))
+    summary = json.loads((served["run"] / "summary.json").read_text())
+    assert [p["phase"] for p in summary["phases"]] == ["stage1", "stage2"]
+
+
+def test_verls_reward_workers_score_through_the_reward_server(served):
+    scored = re.search(r'sirius_reward_items_total\{endpoint="/v1/score"\} (\d+)', served["metrics"])
+    assert scored and int(float(scored.group(1))) > 0, served["metrics"][:2000]
+    assert "scoring in-process" not in served["log"]  # no fallback: the server answered

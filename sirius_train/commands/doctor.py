@@ -39,7 +39,8 @@ def doctor_report(cfg, gpu_gib: float | None = None, environment_only: bool = Fa
 
     gpus = preflight.query_gpus()
     if environment_only:  # no config: this machine against the tested set
-        checks = [*preflight.gpu_checks(cfg, gpus), *preflight.version_checks(cfg, preflight.tested_set())]
+        checks = [*preflight.gpu_checks(cfg, gpus),
+                  *preflight.version_checks(cfg, preflight.tested_set(preflight.constraints_of(cfg)))]
         return Report(checks, None, "", gpu_gib or DEFAULT_GPU_GIB, bool(gpus.memory_gib),
                       "this machine against the verl tested set")
     found = model_shape(cfg)

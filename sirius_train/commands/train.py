@@ -89,7 +89,9 @@ def print_verl_plan(cfg) -> None:
 
         from sirius_train.verl_backend import plan_run
         from sirius_train.verl_backend.compose import compose_verl_config
+        from sirius_train.verl_backend.plans import require_positions
 
+        require_positions(cfg)
         memory = _memory_plans(cfg)
         for index, plan in enumerate(plan_run(cfg), start=1):
             resolved = compose_verl_config(plan.overrides, plan.tool_config)

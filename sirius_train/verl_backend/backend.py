@@ -36,6 +36,7 @@ from sirius_train.verl_backend.plans import (
     estimation_engine,
     model_shape,
     require_fit,
+    require_positions,
 )
 from sirius_train.verl_backend.translate import StagePaths, stage_overrides, tool_config
 
@@ -98,6 +99,8 @@ class VerlBackend:
     """The `Backend` of `sirius_train.schedule` on verl."""
 
     def __init__(self, cfg: RunConfig):
+        if cfg.verl.device == "cpu":
+            _enter_cpu_platform()  # before Ray is imported: it reads its address setting once
         try:
             import verl  # noqa: F401
         except ImportError:
@@ -105,6 +108,7 @@ class VerlBackend:
                               "TransferQueue; vLLM or SGLang for rollouts on the GPU nodes)") from None
         from sirius_train.local.backend import LocalBackend
 
+        require_positions(cfg)  # before the warm start: the nano model's, or model.path's
         self.cfg = cfg
         self.local = LocalBackend(cfg)
         self._engines: tuple[str, object] | None = None  # (model, RaySampler): kept from an evaluation to the
@@ -176,11 +180,12 @@ class VerlBackend:
         if plan.tool_config:
             Path(plan.paths.tool_config).write_text(OmegaConf.to_yaml(OmegaConf.create(plan.tool_config)))
         (out / "verl_command.sh").write_text(plan.shell() + "\n")
+        require_positions(self.cfg, init)
         self._require_fit(init, f"stage {stage.name!r} (verl)",
                           lambda shape, gib: stage_plans(shape, stage_layout(self.cfg, stage, gib)))
         self._close_engines()
         self._free_gpu()
-        env = verl_env(plan.paths.pythonpath, self.cfg.verl.ray_address)
+        env = verl_env(plan.paths.pythonpath, self.cfg.verl.ray_address, self.cfg.verl.device)
         self._check_reward_servers(env.get("RAY_ADDRESS"), plan.paths.pythonpath)
         _rotate(Path(plan.paths.metrics))
         stderr.print(f"[bold]verl[/] {stage.name}: {self.cfg.verl.nnodes}x{self.cfg.verl.n_gpus_per_node} GPUs, "
@@ -210,6 +215,7 @@ class VerlBackend:
         self._close_engines()
         self._free_gpu()
         longest = max(s.max_new_tokens for s in self.cfg.stages)
+        require_positions(self.cfg, model)
         self._require_fit(model, f"{phase}: vLLM pass rates / evaluation",
                           lambda shape, gib: [estimation_plan(self.cfg, longest, shape, gib)])
         self._engines = (str(model), start_engines(self.cfg, model, self.cfg.verl.max_prompt_length + longest))
@@ -239,8 +245,8 @@ class VerlBackend:
             return
         from sirius_train.verl_backend.reward_check import reward_server_problems
 
-        urls = [u.strip() for u in self.cfg.reward.url.split(",") if u.strip()]
-        problems = reward_server_problems(urls, str(Path(self.cfg.data.db_root).resolve()), ray_address, pythonpath)
+        problems = reward_server_problems(self.cfg.reward.urls(), str(Path(self.cfg.data.db_root).resolve()),
+                                          ray_address, pythonpath)
         if problems:
             raise ConfigError("reward server check failed before launching verl: " + "; ".join(problems))
 
@@ -289,12 +295,31 @@ def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
     from data_synthesis.ray_sampler import RaySampler
 
     if not ray.is_initialized():
-        env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), cfg.verl.ray_address)
+        env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), cfg.verl.ray_address,
+                       cfg.verl.device)
+        # on a CPU machine the engines hold logical GPUs, as verl's workers do (`verl.device: cpu`)
+        logical = {"num_gpus": cfg.verl.n_gpus_per_node} if cfg.verl.device == "cpu" else {}
         ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
-                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
+                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}, **logical)
     make, actors, gpus = engine_factory(cfg, model, max_model_len)
     stderr.print(f"[bold]pass rates / evaluation[/]: {estimation_engine(cfg).describe()}")
     return RaySampler(make, actors, num_gpus=gpus)
+
+
+def _enter_cpu_platform() -> None:
+    """`verl.device: cpu`: refuse where an accelerator is visible, else set the CPU platform's environment in this
+    process (verl's config checks, Ray for the vLLM engines) and, through `verl_env`, in verl's."""
+    from sirius_train.verl_backend.cpu_platform import accelerator_visible, activate, cpu_env, vllm_cpu_build
+
+    if found := accelerator_visible():
+        raise ConfigError(f"verl.device=cpu, but this machine has a {found}: the CPU platform is for machines "
+                          "without an accelerator; remove verl.device (it defaults to cuda)")
+    if vllm_cpu_build() is None:
+        raise ConfigError("verl.device=cpu needs vLLM's CPU build recorded as the `vllm` distribution with a +cpu "
+                          "version: scripts/verl_cpu_venv.sh builds that environment (make test-verl-cpu)")
+    for key, value in cpu_env().items():
+        os.environ.setdefault(key, value)
+    activate()
 
 
 def _gpu_gib() -> float:

@@ -37,16 +37,21 @@ def merge_command(python: str | None, actor_dir: Path, target_dir: Path) -> list
             "--local_dir", str(actor_dir), "--target_dir", str(target_dir)]
 
 
-def verl_env(pythonpath: str, ray_address: str | None) -> dict[str, str]:
+def verl_env(pythonpath: str, ray_address: str | None, device: str = "cuda") -> dict[str, str]:
     """This process's environment plus our code on PYTHONPATH and the cluster to join.
 
     A RAY_ADDRESS already in the environment wins over `verl.ray_address` (the sbatch script exports the
-    head's address; the config's `auto` would only guess it).
+    head's address; the config's `auto` would only guess it). `device="cpu"`: the CPU platform's variables
+    (`cpu_platform.cpu_env`), which the user's own settings of them override.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = prepend_path(pythonpath, env.get("PYTHONPATH"))
     if ray_address:
         env.setdefault("RAY_ADDRESS", ray_address)
+    if device == "cpu":
+        from sirius_train.verl_backend.cpu_platform import cpu_env
+
+        env.update({key: value for key, value in cpu_env().items() if key not in os.environ})
     return env
 
 

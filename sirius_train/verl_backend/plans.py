@@ -66,6 +66,33 @@ def model_shape(cfg: RunConfig, model_path: str | Path | None = None) -> tuple[s
     return None
 
 
+def max_positions(cfg: RunConfig, model_path: str | Path | None = None) -> int | None:
+    """The model's `max_position_embeddings`: its config.json, or the nano model's from the config; None if unknown."""
+    path = model_path or cfg.model.path
+    if path is None:
+        return cfg.model.max_position_embeddings
+    config = Path(path) / "config.json"
+    try:
+        return int(json.loads(config.read_text())["max_position_embeddings"]) if config.is_file() else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def require_positions(cfg: RunConfig, model_path: str | Path | None = None) -> None:
+    """Prompt plus the longest response must fit the model's positions: vLLM refuses a longer max_model_len (and
+    verl's rollout asks for verl.max_prompt_length + data.max_response_length)."""
+    from sirius_train.verl_backend.translate import response_tokens
+
+    limit = max_positions(cfg, model_path)
+    longest = max(cfg.stages, key=lambda s: response_tokens(cfg, s))
+    need = cfg.verl.max_prompt_length + response_tokens(cfg, longest)
+    if limit is not None and need > limit:
+        raise ConfigError(f"verl.max_prompt_length ({cfg.verl.max_prompt_length}) + stage {longest.name!r}'s "
+                          f"{response_tokens(cfg, longest)} response tokens = {need} > the model's {limit} positions "
+                          f"({model_path or cfg.model.path or 'model.max_position_embeddings'}): vLLM would refuse "
+                          f"to start; lower verl.max_prompt_length to {limit - response_tokens(cfg, longest)} or less")
+
+
 def stage_memory(cfg: RunConfig, shape: ModelShape, gpu_gib: float) -> list[tuple[str, list[PhasePlan]]]:
     """Per stage: pass rates + eval (vLLM), rollout (vLLM in verl), update (FSDP)."""
     longest = max(s.max_new_tokens for s in cfg.stages)  # the engines serve every stage at this length

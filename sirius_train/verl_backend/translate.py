@@ -70,6 +70,8 @@ OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
     "sirius.entropy": ("target", "delta", "coef_max", "coef"),
     # environment of every Ray worker (any variable)
     "ray_kwargs.ray_init.runtime_env.env_vars": None,
+    # Ray's own start-up arguments that verl passes through (logical GPUs on a machine without one: `verl.device`)
+    "ray_kwargs.ray_init": ("num_gpus",),
     # FSDP wrapping by layer class (verl's recipes set it this way)
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("transformer_layer_cls_to_wrap",),
     # HF config attributes the actor's model is loaded with (verl reads attn_implementation from here)
@@ -190,8 +192,29 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         *([("+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR",
              str(PurePath(paths.metrics).parent / "tensorboard"))] if "tensorboard" in cfg.logging.backends else []),
         *([("ray_kwargs.ray_init.runtime_env.py_executable", v.python)] if v.python else []),
+        *(cpu_overrides(cfg) if v.device == "cpu" else []),
     ]
     return [f"{key}={hydra_value(value)}" for key, value in items] + list(v.overrides)
+
+
+CPU_RAY_CPUS = 16  # logical CPUs Ray schedules verl's helper actors on (the OS shares the real cores among them)
+
+
+def cpu_overrides(cfg: RunConfig) -> list[tuple[str, object]]:
+    """verl's trainer on this machine's CPU: one logical Ray GPU per worker, vLLM's CPU build without sleep mode
+    (it has none), one process where verl would start several helpers, and `cpu_platform.cpu_env` in every worker."""
+    from sirius_train.verl_backend.cpu_platform import cpu_env
+
+    env = cpu_env()
+    return [("trainer.device", "cpu"),
+            ("+ray_kwargs.ray_init.num_gpus", cfg.verl.n_gpus_per_node),
+            ("ray_kwargs.ray_init.num_cpus", CPU_RAY_CPUS),
+            ("actor_rollout_ref.rollout.free_cache_engine", False),
+            ("+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_sleep_mode", False),
+            ("data.dataloader_num_workers", 0),
+            ("actor_rollout_ref.rollout.agent.num_workers", 1),
+            ("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1),
+            *((f"+ray_kwargs.ray_init.runtime_env.env_vars.{key}", env[key]) for key in sorted(env))]
 
 
 def check_overrides(overrides: list[str]) -> None:
