@@ -115,9 +115,9 @@ class OpenAISampler:
         self.concurrency = concurrency
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
-        def one(i: int) -> list[str]:
+        def one(i: int) -> list[str]:  # seed + i*n: a vLLM server seeds answer j of a request with seed + j
             return self.client.complete(prompts[i], n=n, temperature=temperature, top_p=top_p,
-                                        max_tokens=max_new_tokens, seed=None if seed is None else seed + i)
+                                        max_tokens=max_new_tokens, seed=None if seed is None else seed + i * n)
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, range(len(prompts))))

@@ -3,8 +3,9 @@
 One engine per process (one GPU, or `tensor_parallel_size` GPUs for a 32B model); `data_synthesis.ray_sampler`
 runs one per GPU of a cluster. Prompts are rendered with the model's chat template exactly as `HFSampler`
 renders them (`chat_text`, no extra special tokens) and handed to vLLM as token ids, so both samplers answer
-the same prompt. Each prompt gets its own seed (`seed + i`, as `OpenAISampler` sends them): vLLM seeds per
-request, so an answer does not depend on which other prompts share its batch.
+the same prompt. Prompt i gets seed `seed + i*n` (as `OpenAISampler` sends them): vLLM seeds per request, so an
+answer does not depend on which other prompts share its batch, and it seeds answer j of a request with `seed + j`,
+so with `seed + i` prompt i's second answer would share its random stream with prompt i+1's first.
 
 vLLM is an optional extra (`pip install 'sirius-sql[vllm]'`, CUDA machines only); it is imported when a
 sampler is built, and its absence is a `MissingExtra` error (`data_synthesis.extras`) that names the extra.
@@ -56,7 +57,7 @@ class VLLMSampler:
                                                              add_special_tokens=False)["input_ids"]}
                          for p in prompts]
         params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                            max_tokens=max_new_tokens, seed=None if seed is None else seed + i)
+                                            max_tokens=max_new_tokens, seed=None if seed is None else seed + i * n)
                   for i in range(len(prompts))]
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[c.text for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
