@@ -29,6 +29,7 @@ from data_synthesis.records import Example, check_unique_ids
 from data_synthesis.samplers import Sampler
 from rewards.databases import UnknownDatabase, resolve_db_path
 from rewards.executor import Executor
+from rewards.suites import Suite
 from rewards.extract import extract_sql
 from rewards.sandbox import Limits
 from rewards.scoring import ScoreItem
@@ -82,7 +83,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
              max_new_tokens: int = 512, seed: int = 0, batch_size: int = 8, compare: str = "bird",
              timeout_s: float = 5.0, workers: int = 0, policy: str = "",
              progress: Callable[[int], None] | None = None,
-             prompt_format: PromptFormat | None = None) -> list[Estimate]:
+             prompt_format: PromptFormat | None = None, variants: int = 0) -> list[Estimate]:
     """One `Estimate` per example (in input order): k answers sampled, scored by execution, cached.
 
     Args:
@@ -98,6 +99,7 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
         progress: called with the number of examples finished (cached ones included).
         prompt_format: how prompts are rendered (the run's; it is part of the cache key via the prompt);
             None: the format of the sampler's model card (`sampler.prompt_format`), else the default.
+        variants: a match must also hold on K variant databases, as the reward with `reward.variants: K` asks.
     """
     if k < 1 or batch_size < 1:
         raise ValueError(f"k and batch_size must be >= 1, got k={k}, batch_size={batch_size}")
@@ -110,6 +112,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
     prompt_format = prompt_format or getattr(sampler, "prompt_format", None) or PromptFormat()
     params = {"k": k, "temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed,
               "compare": compare, "policy": policy}
+    if variants:  # keyed apart; estimates without variants keep their keys
+        params["variants"] = variants
     episodes = getattr(sampler, "multi_turn", False)  # an EpisodeSampler: each prompt probes its own database
     if episodes:  # keyed apart from single-turn estimates; single-turn keys stay as they were
         params["multi_turn"] = dataclasses.asdict(sampler.limits)
@@ -119,7 +123,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
     done: dict[str, Estimate] = cache.load() if cache else {}
     advance = progress or (lambda n: None)
     results: dict[str, Estimate] = {}
-    with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout_s)) as executor:
+    with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout_s),
+                  suite=Suite(variants=variants)) as executor:
         for start in range(0, len(examples), batch_size):
             chunk = range(start, min(start + batch_size, len(examples)))
             cached = [done.get(keys[i]) for i in chunk]

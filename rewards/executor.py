@@ -51,6 +51,7 @@ from rewards.reward import RewardTable
 from rewards.sandbox import Limits
 from rewards._worker import STATE
 from rewards.scoring import ScoreItem, ScoreResult, Scorer
+from rewards.suites import Suite
 
 OnResult = Callable[[int, object], None]
 POLL_S = 0.05  # how often an idle wait checks the backstop
@@ -197,24 +198,31 @@ class Executor:
             every worker gets a share. A killed worker's chunk is re-queued, less the item it was running.
         grace_s: slack added to the SQLite deadline before the process backstop fires.
         memory_limit_bytes: RLIMIT_AS of each worker process.
+        suite: databases a prediction must also match on (`rewards.suites`: K variants, a test-suite folder).
+            Variants missing from their cache are built in the caller's thread before the batch is queued, so
+            a worker never spends a query's budget on building them.
     """
 
     def __init__(self, db_root: str | Path, *, workers: int = 2, limits: Limits = Limits(),
                  table: RewardTable = RewardTable(), chunk_size: int = 64, grace_s: float = 0.5,
-                 memory_limit_bytes: int | None = 4 << 30):
+                 memory_limit_bytes: int | None = 4 << 30, suite: Suite = Suite()):
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.db_root = Path(db_root)
         if not self.db_root.is_dir():
             raise FileNotFoundError(f"database root is not a directory: {self.db_root}")
-        self.limits, self.table = limits, table
+        self.limits, self.table, self.suite = limits, table, suite
+        self._prepared: set[str] = set()  # db_ids whose suite databases exist on disk
+        # the most databases a test-suite folder holds for one db_id (the backstop's budget allows for all)
+        self._folder_size = max((sum(".sqlite" in f.name for f in d.iterdir()) for d in self.db_root.iterdir()
+                                 if d.is_dir()), default=1) if suite.folder else 0
         self.chunk_size = max(1, chunk_size)
         self.grace_s = grace_s
         self.restarts = 0
         self.outcomes: Counter = Counter()
         self._stats_lock = threading.Lock()
         self._config = {"db_root": str(self.db_root), "limits": limits, "table": table,
-                        "memory_limit_bytes": memory_limit_bytes}
+                        "memory_limit_bytes": memory_limit_bytes, "suite": suite}
         self._queue: queue.Queue = queue.Queue()
         self._inflight = 0
         self._seqs = itertools.count(1)  # chunk numbers, so a worker's state record names the chunk it runs
@@ -224,7 +232,7 @@ class Executor:
         self._workers: list[_WorkerProcess] = []
         self._threads: list[threading.Thread] = []
         if workers == 0:
-            self._local = Scorer(self.db_root, limits, table)
+            self._local = Scorer(self.db_root, limits, table, suite=suite)
             return
         self._workers = [_WorkerProcess(self._config) for _ in range(workers)]  # they start side by side
         try:
@@ -252,6 +260,7 @@ class Executor:
         """Like `score`, without waiting: a future of the results (cancel it to drop what has not started)."""
         items = list(items)
         payloads = [(it.db_id, it.gold_sql, it.pred_sql, it.compare) for it in items]
+        self.prepare_suites([it.db_id for it in items])
         return self._submit("score", payloads, lambda i, raw: ScoreResult(items[i].id, *raw), on_result)
 
     def submit_execute_many(self, queries: Sequence[tuple[str, str]], on_result: OnResult | None = None) -> Future:
@@ -260,6 +269,23 @@ class Executor:
 
     def execute(self, db_id: str, sql: str) -> Outcome:
         return self.execute_many([(db_id, sql)])[0]
+
+    def prepare_suites(self, db_ids: Sequence[str]) -> None:
+        """Build the suite databases (variants) of `db_ids` that are not on disk yet. Safe from any thread and
+        process (the cache locks); a database that cannot be resolved or built is left to the scorer to report."""
+        if not self.suite.variants:
+            return
+        from rewards.databases import UnknownDatabase, resolve_db_path
+        from rewards.variants import VariantError
+
+        for db_id in dict.fromkeys(db_ids):
+            if db_id in self._prepared:
+                continue
+            try:
+                self.suite.extra_paths(resolve_db_path(self.db_root, db_id))
+            except (UnknownDatabase, VariantError, OSError):
+                continue  # the worker's scorer meets the same problem and answers with a typed result or a warning
+            self._prepared.add(db_id)
 
     @property
     def workers(self) -> int:
@@ -472,7 +498,10 @@ class Executor:
         return self._workers[slot]
 
     def _budget(self, kind: str) -> float:
-        statements = 2 if kind == "score" else 1  # a score item may run its gold and its prediction
+        # a score item may run its gold and its prediction, and with a suite both (and the gold's tie probes,
+        # at most two in practice) on each suite database
+        extra = self.suite.variants + self._folder_size
+        statements = 2 + 4 * extra if kind == "score" else 1
         return statements * (self.limits.timeout_s + self.grace_s)
 
     def _failed(self, kind: str, message: str, status: Status = Status.ERROR):

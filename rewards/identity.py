@@ -56,7 +56,8 @@ def classify_health(url: str, status: int, body: bytes, db_root: str | None) -> 
     if status != 200 or payload.get("status") != "ok":
         return ServerCheck(UNHEALTHY, f"{url} is a SIRIUS reward server that is {payload.get('status')!r} "
                                       f"(HTTP {status}): wait for it to restart, or restart it")
-    return ServerCheck(OURS, f"{url}: SIRIUS reward server for {served}, {payload.get('workers')} workers")
+    variants = f", {payload['variants']} variant databases" if payload.get("variants") else ""
+    return ServerCheck(OURS, f"{url}: SIRIUS reward server for {served}, {payload.get('workers')} workers{variants}")
 
 
 def check_reward_server(url: str, db_root: str | None, timeout_s: float = 5.0) -> ServerCheck:

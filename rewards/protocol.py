@@ -185,6 +185,7 @@ class HealthResponse(BaseModel):
     queue_depth: int = Field(..., description="items admitted and not yet answered")
     max_queue_items: int
     worker_restarts: int
+    variants: int = Field(0, description="variant databases a prediction must also match on (--variants)")
 
 
 class ErrorBody(BaseModel):

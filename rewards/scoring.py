@@ -4,10 +4,15 @@
 most queries) and an LRU of gold results (a gold query is scored against many candidates -- 8 to 16
 samples per prompt in RL, 18 systems per question in the real pools -- and is run once).
 It is used in-process for small jobs and inside each executor worker process.
+
+With a `Suite` (`rewards.suites`: K built variants, or an official test-suite folder), a prediction that
+matches on its database must also match on every database of the suite; gold results there are cached
+the same way, and only a prediction that matched so far runs on the next database.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +23,8 @@ from rewards.databases import UnknownDatabase, resolve_db_path
 from rewards.outcome import Outcome, Status
 from rewards.reward import RewardTable, execution_reward
 from rewards.sandbox import Limits, Sandbox
+from rewards.suites import Suite
+from rewards.variants import VariantError
 
 NO_SQL = "no SQL found in the answer"
 
@@ -76,10 +83,12 @@ class Scorer:
     """Executes and scores SQL against databases under `db_root`, caching connections and gold results."""
 
     def __init__(self, db_root: str | Path, limits: Limits = Limits(), table: RewardTable = RewardTable(),
-                 max_connections: int = 32, gold_cache_size: int = 8192):
+                 max_connections: int = 32, gold_cache_size: int = 8192, suite: Suite = Suite()):
         self.db_root = Path(db_root)
         self.limits = limits
         self.table = table
+        self.suite = suite
+        self._suites: dict[str, list[Path]] = {}
         self._sandboxes = _LRU(max_connections, on_evict=lambda sb: sb.close())
         self._gold = _LRU(gold_cache_size)
         self._rewards = {(s, m): execution_reward(s, m, table) for s in Status for m in (False, True)}
@@ -100,14 +109,41 @@ class Scorer:
             self._sandboxes.put(db_id, sandbox)
         return sandbox
 
-    def gold(self, db_id: str, sql: str) -> Outcome:
-        key = (db_id, sql)
+    def _sandbox_at(self, path: Path) -> Sandbox | _Unavailable:
+        """The sandbox of a suite database (keyed by its path: a db_id never contains a '/')."""
+        key = str(path)
+        sandbox = self._sandboxes.get_fresh(key)
+        if sandbox is None:
+            try:
+                sandbox = Sandbox(path, self.limits)
+            except FileNotFoundError as e:
+                return _Unavailable(str(e))
+            self._sandboxes.put(key, sandbox)
+        return sandbox
+
+    def suite_paths(self, db_id: str) -> list[Path]:
+        """The suite's databases for `db_id` (none without a suite, or when they cannot be built: a warning)."""
+        paths = self._suites.get(db_id)
+        if paths is None:
+            try:
+                paths = self.suite.extra_paths(resolve_db_path(self.db_root, db_id)) if self.suite else []
+            except UnknownDatabase:
+                return []  # the database itself is missing: scoring reports that
+            except (VariantError, OSError) as e:
+                print(f"warning: {db_id}: scored on its own database only: {e}", file=sys.stderr)
+                paths = []
+            self._suites[db_id] = paths
+        return paths
+
+    def gold(self, db_id: str, sql: str, path: Path | None = None) -> Outcome:
+        """The gold's outcome on `db_id`'s database (or on the suite database at `path`), cached."""
+        key = (db_id if path is None else str(path), sql)
         cached = self._gold.get_fresh(key)
         if cached is not None:
             self.gold_hits += 1
             return cached
         self.gold_misses += 1
-        outcome = self.execute(db_id, sql)
+        outcome = self.execute(db_id, sql) if path is None else self._sandbox_at(path).run(sql)
         if outcome.status is not Status.TIMEOUT:  # a timeout may be load, not the query: retry next time
             self._gold.put(key, outcome)
         return outcome
@@ -128,8 +164,38 @@ class Scorer:
             return False, self.table.format_failure, _TEXT[Status.REJECTED], gold_status, NO_SQL, gold.error, False, 0.0
         status, rows, _, error, elapsed = self._sandbox(db_id).run_fields(pred_sql)
         match = gold.status in _EXECUTED and status in _EXECUTED and results_match(rows, gold.rows, mode, gold_sql)
+        if match and self.suite:
+            match = self._matches_suite(db_id, gold_sql, pred_sql, mode)
         return (match, self._rewards[status, match], _TEXT[status], gold_status, error, gold.error, True,
                 round(elapsed, 6))
+
+    def _matches_suite(self, db_id: str, gold_sql: str, pred_sql: str, mode) -> bool:
+        """Whether the prediction also matches the gold on every suite database that decides the gold: one where
+        the gold runs (a timeout or a size cap there is no fault of the answer) and where its answer does not hang
+        on a tie (`rewards.ties`)."""
+        for path in self.suite_paths(db_id):
+            gold = self.gold(db_id, gold_sql, path)
+            if gold.status not in _EXECUTED or not self._decides(path, gold_sql):
+                continue
+            status, rows, *_ = self._sandbox_at(path).run_fields(pred_sql)
+            if status not in _EXECUTED or not results_match(rows, gold.rows, mode, gold_sql):
+                return False
+        return True
+
+    def _decides(self, path: Path, gold_sql: str) -> bool:
+        """True when the gold's answer on the database at `path` is decided by its meaning, not by a tie (cached)."""
+        key = (str(path), gold_sql, "decides")
+        decided = self._gold.get_fresh(key)
+        if decided is None:
+            from rewards.ties import UNDETERMINED, tie_probes, tied
+
+            probes = tie_probes(gold_sql)
+            sandbox = self._sandbox_at(path)
+            decided = probes != UNDETERMINED and not any(
+                tied(probe, outcome.rows) for probe in probes
+                for outcome in [sandbox.run(probe.sql)] if outcome.status in _EXECUTED)
+            self._gold.put(key, decided)
+        return decided
 
     def close(self) -> None:
         for sandbox in self._sandboxes.values():

@@ -26,6 +26,7 @@ from rewards.metrics import ServerMetrics
 from rewards.protocol import ExecuteRequest, ExecuteResponse, HealthResponse, ScoreRequest
 from rewards.scoring import ScoreResult
 from rewards.sandbox import Limits
+from rewards.suites import Suite
 
 RATE_WINDOW_S = 10.0
 SHUTTING_DOWN = "the server is shutting down; send the request to another server"
@@ -45,6 +46,8 @@ class ServerConfig:
     max_body_bytes: int = 32 << 20  # request body; beyond it: 413
     token: str | None = field(default=None, repr=False)  # bearer token required on /v1/* when set
     chunk_size: int = 64  # items per worker message (see Executor)
+    variants: int = 0  # a prediction must also match on K variants of its database (rewards.variants)
+    variants_dir: str | None = None  # where variants are cached (None: rewards.variants.default_cache_dir())
 
     def __post_init__(self):
         object.__setattr__(self, "db_root", Path(self.db_root))
@@ -59,6 +62,8 @@ class ServerConfig:
                              f"{self.max_queue_items}: a batch larger than the queue could never be admitted")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.variants < 0:
+            raise ValueError(f"variants must be >= 0, got {self.variants}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.token is not None and not self.token.strip():
@@ -70,7 +75,7 @@ class ServerConfig:
         return {"db_root": str(self.db_root), "workers": self.workers, "timeout_s": self.timeout_s,
                 "max_queue_items": self.max_queue_items, "max_batch_items": self.max_batch_items,
                 "max_body_bytes": self.max_body_bytes, "auth": "bearer token" if self.token else "none",
-                "chunk_size": self.chunk_size}
+                "chunk_size": self.chunk_size, "variants": self.variants}
 
 
 class ServiceError(Exception):
@@ -154,7 +159,8 @@ class RewardService:
     def start(cls, config: ServerConfig) -> "RewardService":
         """Start the worker processes the config asks for."""
         executor = Executor(config.db_root, workers=config.workers, limits=Limits(timeout_s=config.timeout_s),
-                            chunk_size=config.chunk_size)
+                            chunk_size=config.chunk_size,
+                            suite=Suite(variants=config.variants, cache_dir=config.variants_dir))
         return cls(executor, config)
 
     async def score(self, request: ScoreRequest) -> list[ScoreResult]:
@@ -164,6 +170,8 @@ class RewardService:
                                 "split the batch (RewardClient does) or raise --max-batch")
         items = request.score_items()
         self._check_databases([item.db_id for item in items])
+        if self.config.variants:  # built off the event loop (a large database takes seconds); cached after
+            await asyncio.to_thread(self.executor.prepare_suites, [item.db_id for item in items])
         with self._admit(n):
             results = await asyncio.wrap_future(self._submit(self.executor.submit_score, items))
         self._answered("score", n)
@@ -182,7 +190,7 @@ class RewardService:
         return HealthResponse(db_root=str(self.config.db_root.resolve()),
                               status="shutting_down" if self._closing else "ok", workers=s["workers"],
                               queue_depth=s["admitted_items"], max_queue_items=s["max_queue_items"],
-                              worker_restarts=s["restarts"])
+                              worker_restarts=s["restarts"], variants=self.config.variants)
 
     def stats(self) -> dict:
         with self._lock:

@@ -13,7 +13,9 @@ Where the scoring runs:
   a server started with `--token`; `reward_timeout_s` bounds each HTTP request. The server's own
   `--timeout` bounds each query, and an unreachable server raises after bounded retries (it never hangs).
 - otherwise in-process, one cached `Scorer` per thread (connections and gold results stay open across
-  calls): needs `db_root` (kwarg, `extra_info.db_root` or `SIRIUS_DB_ROOT`); `timeout_s` bounds each query.
+  calls): needs `db_root` (kwarg, `extra_info.db_root` or `SIRIUS_DB_ROOT`); `timeout_s` bounds each query;
+  `variants` (K, default 0) also requires a match on K variant databases (`rewards.variants`, cached under
+  `variants_dir` or the default cache). A server applies its own `--variants`.
 Both give the same numbers: the server runs the same `Scorer`.
 """
 
@@ -26,6 +28,7 @@ import threading
 from rewards.extract import extract_sql
 from rewards.sandbox import Limits
 from rewards.scoring import ScoreItem, ScoreResult, Scorer
+from rewards.suites import Suite
 
 _local = threading.local()
 _clients: dict = {}
@@ -80,17 +83,18 @@ def _score_in_process(items: list[ScoreItem], extra_infos, kwargs) -> list[Score
         if not db_root:
             raise ValueError("no database root: set reward_kwargs.db_root, extra_info.db_root or SIRIUS_DB_ROOT "
                              "(or reward_kwargs.reward_url / SIRIUS_REWARD_URL to score on a reward server)")
-        results.append(_scorer(str(db_root), float(kwargs.get("timeout_s", Limits.timeout_s))).score(item))
+        suite = Suite(variants=int(kwargs.get("variants") or 0), cache_dir=kwargs.get("variants_dir"))
+        results.append(_scorer(str(db_root), float(kwargs.get("timeout_s", Limits.timeout_s)), suite).score(item))
     return results
 
 
-def _scorer(db_root: str, timeout_s: float) -> Scorer:
+def _scorer(db_root: str, timeout_s: float, suite: Suite = Suite()) -> Scorer:
     cache = getattr(_local, "scorers", None)
     if cache is None:
         cache = _local.scorers = {}
-    key = (db_root, timeout_s)
+    key = (db_root, timeout_s, suite)
     if key not in cache:
-        cache[key] = Scorer(db_root, Limits(timeout_s=timeout_s))
+        cache[key] = Scorer(db_root, Limits(timeout_s=timeout_s), suite=suite)
     return cache[key]
 
 

@@ -155,6 +155,9 @@ class RewardConfig:
     empty_match: float | None = None  # reward when prediction and gold both return no rows (None: `correct`)
     url: str | None = None  # reward server(s), comma-separated; None scores locally
     fallback: bool = True  # servers unavailable past retries: score in-process on data.db_root (false: stop)
+    # a match must also hold on K variant databases (rewards.variants: rows resampled, perturbed, extended), so a
+    # query right only by luck on the shipped database earns `wrong`; 0: off. A reward server uses its --variants.
+    variants: int = 0
 
     def urls(self) -> list[str]:
         """The reward servers of `url` ([] when unset), split as the reward client splits them."""
@@ -278,6 +281,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("reward.url", cfg.reward.url, str(e))
     if cfg.backend not in ("local", "verl"):
         bad("backend", cfg.backend, "use 'local' (one process, CPU or one GPU) or 'verl' (Ray cluster)")
+    if cfg.reward.variants < 0:
+        bad("reward.variants", cfg.reward.variants, "the number of variant databases, >= 0 (0: off)")
     if cfg.data.compare not in ("bird", "spider"):
         bad("data.compare", cfg.data.compare, "use 'bird' or 'spider'")
     if not cfg.stages:

@@ -127,7 +127,7 @@ def test_health_metrics_and_openapi(server):
     assert health.status_code == 200
     assert health.json() == {"service": "sirius-reward-server", "db_root": str(server.service.config.db_root.resolve()),
                              "status": "ok", "workers": 2, "queue_depth": 0, "max_queue_items": 16_384,
-                             "worker_restarts": server.service.executor.stats()["restarts"]}
+                             "worker_restarts": server.service.executor.stats()["restarts"], "variants": 0}
     post(server.url, "/v1/score", {"items": [{"db_id": "retail", "gold_sql": "SELECT 1", "pred_sql": "SELECT 1"}]})
     m = metrics(server.url)
     assert m[("sirius_reward_requests_total", (("code", "200"), ("endpoint", "/v1/score")))] >= 1

@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
                                   help="require 'Authorization: Bearer <token>' on /v1/* (health and metrics "
                                   "stay open)"),
         chunk_size: int = typer.Option(64, "--chunk-size", help="items per message to a worker (advanced)"),
+        variants: int = typer.Option(0, "--variants", help="a prediction must also match the gold on K variant "
+                                     "databases (rewards.variants; built once, cached on disk)"),
+        variants_dir: Path = typer.Option(None, "--variants-dir", help="where variants are cached (default "
+                                          "$SIRIUS_VARIANTS_DIR or ~/.cache/sirius-sql/variants)"),
         log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
     ):
         """Serve the execution reward over HTTP: POST /v1/score, POST /v1/execute, GET /health, GET /metrics."""
@@ -43,7 +47,8 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             config = ServerConfig(db_root, workers=workers, timeout_s=timeout, max_queue_items=max_queue,
                                   max_batch_items=max_batch, max_body_bytes=int(max_body_mb * (1 << 20)),
-                                  token=token, chunk_size=chunk_size)
+                                  token=token, chunk_size=chunk_size, variants=variants,
+                                  variants_dir=None if variants_dir is None else str(variants_dir))
             table = Table(title="reward server", show_header=False)
             for key, value in config.settings().items():
                 table.add_row(key, str(value))

@@ -16,6 +16,7 @@ from rewards.client import FallbackScorer, RewardClient
 from rewards.executor import Executor
 from rewards.reward import RewardTable
 from rewards.sandbox import Limits
+from rewards.suites import Suite
 from sirius_train.config import RunConfig, StageConfig
 from sirius_train.local.trainer import DAPOTrainer, TrainItem
 from sirius_train.metrics import MetricsLog
@@ -49,6 +50,7 @@ class LocalBackend:
         self.metrics = MetricsLog(cfg.run_dir / "metrics.jsonl", cfg.logging.backends, cfg.logging.project,
                                   cfg.name)
         self._executor: Executor | FallbackScorer | None = None
+        self._eval_executor: Executor | None = None
         self._probes = None  # SandboxProbes of multi-turn runs, opened on first use
         self._loaded: tuple[Path, object, object] | None = None
 
@@ -63,7 +65,7 @@ class LocalBackend:
 
             def in_process() -> Executor:
                 return Executor(self.cfg.data.db_root, workers=r.workers, limits=Limits(timeout_s=r.timeout_s),
-                                table=table)
+                                table=table, suite=Suite(variants=r.variants))
 
             if r.url:
                 client = RewardClient(r.url, token=os.environ.get("SIRIUS_REWARD_TOKEN"),
@@ -73,6 +75,17 @@ class LocalBackend:
             else:
                 self._executor = in_process()
         return self._executor
+
+    @property
+    def eval_executor(self) -> Executor | FallbackScorer:
+        """The scorer of held-out evaluations: the reward's, except that EX is always the plain figure on the
+        shipped databases (with `reward.variants` the reward also asks for a match on variants; EX does not)."""
+        if not self.cfg.reward.variants:
+            return self.executor
+        if self._eval_executor is None:
+            self._eval_executor = Executor(self.cfg.data.db_root, workers=0,
+                                           limits=Limits(timeout_s=self.cfg.reward.timeout_s))
+        return self._eval_executor
 
     @property
     def multi_turn(self):
@@ -168,7 +181,7 @@ class LocalBackend:
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
                 temperature=stage.temperature, top_p=stage.top_p, max_new_tokens=stage.max_new_tokens,
                 seed=self.cfg.seed, batch_size=max(1, stage.gen_batch_size // stage.estimate_k), compare=data.compare,
-                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path),
+                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path), variants=self.cfg.reward.variants,
                 progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"),
                 prompt_format=data.prompt_format)
         return rates, sampler
@@ -234,13 +247,14 @@ class LocalBackend:
     def _eval(self, model, tokenizer, items, data, max_new_tokens: int) -> dict:
         from sirius_train.local.evaluate import evaluate_policy
 
-        return evaluate_policy(model, tokenizer, items, self.executor, compare=data.compare,
+        return evaluate_policy(model, tokenizer, items, self.eval_executor, compare=data.compare,
                                max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
                                temperature=self.cfg.eval.temperature, seed=self.cfg.seed, multi_turn=self.multi_turn)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.close()
+        for executor in (self._executor, self._eval_executor):
+            if executor is not None:
+                executor.close()
         if self._probes is not None:
             self._probes.close()
         self.metrics.close()

@@ -137,7 +137,7 @@ class VerlBackend:
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
                 seed=self.cfg.seed, batch_size=per_call, compare=data.compare, timeout_s=self.cfg.reward.timeout_s,
-                policy=str(model), prompt_format=data.prompt_format, **sampling,
+                variants=self.cfg.reward.variants, policy=str(model), prompt_format=data.prompt_format, **sampling,
                 progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"))
         return rates, sampler
 
@@ -153,7 +153,7 @@ class VerlBackend:
                                temperature=0.0, top_p=1.0, max_new_tokens=max_new)
         sampler.expect(calls)
         texts = [answers[0] for prompts, n, options in calls for answers in sampler.sample(prompts, n, **options)]
-        figures = score_answers(items, texts, self.local.executor, compare=data.compare)
+        figures = score_answers(items, texts, self.local.eval_executor, compare=data.compare)
         self.local.metrics.log({"stage": stage, "step": -1, "eval": "final", **figures})
         return figures
 

@@ -65,7 +65,7 @@ OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
                              "overlong_buffer_cfg.penalty_factor", "overlong_buffer_cfg.log", "max_resp_len"),
     # passed to rewards.verl_reward.compute_score
     "reward.custom_reward_function.reward_kwargs": ("reward_url", "reward_token", "reward_timeout_s", "db_root",
-                                                    "timeout_s", "compare", "reward_fallback"),
+                                                    "timeout_s", "compare", "reward_fallback", "variants"),
     # read by our gated trainer (entropy.py)
     "sirius.entropy": ("target", "delta", "coef_max", "coef"),
     # environment of every Ray worker (any variable)
@@ -339,14 +339,16 @@ def _entropy(stage: StageConfig) -> list[tuple[str, object]]:
 def _reward_kwargs(cfg: RunConfig, paths: StagePaths) -> list[tuple[str, object]]:
     """Server when `reward.url` is set (token via SIRIUS_REWARD_TOKEN, never on the command line); else in-process."""
     prefix = "+reward.custom_reward_function.reward_kwargs"
+    # K variant databases: in-process scoring (and a server's fallback) reads the kwarg; a server its --variants
+    variants = [(f"{prefix}.variants", cfg.reward.variants)] if cfg.reward.variants else []
     if cfg.reward.url:
         # Each HTTP request is bounded; the server's own --timeout bounds each query.
         return [(f"{prefix}.reward_url", cfg.reward.url),
                 (f"{prefix}.reward_timeout_s", max(60.0, 10 * cfg.reward.timeout_s)),
                 # servers down past the client's retries: score in-process on the same databases, or stop
                 (f"{prefix}.reward_fallback", cfg.reward.fallback), (f"{prefix}.db_root", paths.db_root),
-                (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
-    return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)]
+                (f"{prefix}.timeout_s", cfg.reward.timeout_s)] + variants
+    return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)] + variants
 
 
 def _overlong(stage: StageConfig, response_tokens: int) -> list[tuple[str, object]]:
