@@ -88,7 +88,7 @@ class Scorer:
         self.limits = limits
         self.table = table
         self.suite = suite
-        self._suites: dict[str, list[Path]] = {}
+        self._suites: dict[str, list[tuple[Path, bool]]] = {}  # db_id -> [(path, is one of our variants)]
         self._sandboxes = _LRU(max_connections, on_evict=lambda sb: sb.close())
         self._gold = _LRU(gold_cache_size)
         self._rewards = {(s, m): execution_reward(s, m, table) for s in Status for m in (False, True)}
@@ -123,15 +123,22 @@ class Scorer:
 
     def suite_paths(self, db_id: str) -> list[Path]:
         """The suite's databases for `db_id` (none without a suite, or when they cannot be built: a warning)."""
+        return [path for path, _ in self._suite(db_id)]
+
+    def _suite(self, db_id: str) -> list[tuple[Path, bool]]:
         paths = self._suites.get(db_id)
         if paths is None:
-            try:
-                paths = self.suite.extra_paths(resolve_db_path(self.db_root, db_id)) if self.suite else []
-            except UnknownDatabase:
-                return []  # the database itself is missing: scoring reports that
-            except (VariantError, OSError) as e:
-                print(f"warning: {db_id}: scored on its own database only: {e}", file=sys.stderr)
-                paths = []
+            paths = []
+            if self.suite:
+                try:
+                    db_path = resolve_db_path(self.db_root, db_id)
+                    paths = [(p, False) for p in self.suite.folder_paths(db_path)]
+                    paths += [(p, True) for p in self.suite.variant_paths(db_path)]
+                except UnknownDatabase:
+                    return []  # the database itself is missing: scoring reports that
+                except (VariantError, OSError) as e:
+                    print(f"warning: {db_id}: scored on its own database only: {e}", file=sys.stderr)
+                    paths = []
             self._suites[db_id] = paths
         return paths
 
@@ -171,11 +178,11 @@ class Scorer:
 
     def _matches_suite(self, db_id: str, gold_sql: str, pred_sql: str, mode) -> bool:
         """Whether the prediction also matches the gold on every suite database that decides the gold: one where
-        the gold runs (a timeout or a size cap there is no fault of the answer) and where its answer does not hang
-        on a tie (`rewards.ties`)."""
-        for path in self.suite_paths(db_id):
+        the gold runs (a timeout or a size cap there is no fault of the answer) and, on our variants, where its
+        answer does not hang on a tie (`rewards.ties`; an official test suite is matched as its evaluator does)."""
+        for path, variant in self._suite(db_id):
             gold = self.gold(db_id, gold_sql, path)
-            if gold.status not in _EXECUTED or not self._decides(path, gold_sql):
+            if gold.status not in _EXECUTED or (variant and not self._decides(path, gold_sql)):
                 continue
             status, rows, *_ = self._sandbox_at(path).run_fields(pred_sql)
             if status not in _EXECUTED or not results_match(rows, gold.rows, mode, gold_sql):

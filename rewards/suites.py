@@ -4,7 +4,8 @@
   execution reward with `reward.variants: K`: a query that is right only by luck on the shipped database
   is wrong on a variant.
 - `Suite(folder=True)`: a test suite in the official layout of Zhong et al. (2020): every `*.sqlite` file in
-  the database's folder (`<root>/<db_id>/*.sqlite`). Test-suite accuracy (TS).
+  the database's folder (`<root>/<db_id>/*.sqlite`). Test-suite accuracy (TS), with the official matching:
+  the tie rule of `rewards.ties` applies to our variants only.
 
 A suite is a small frozen record, so it travels to executor worker processes and across config files.
 """
@@ -32,18 +33,21 @@ class Suite:
         return self.variants > 0 or self.folder
 
     def extra_paths(self, db_path: Path) -> list[Path]:
-        """The databases besides `db_path` that a prediction must also match on (built now if needed).
+        """The databases besides `db_path` that a prediction must also match on (variants built now if needed).
 
         Example:
             >>> Suite().extra_paths(Path("any.sqlite")), bool(Suite()), bool(Suite(variants=3))
             ([], False, True)
         """
+        return self.folder_paths(db_path) + self.variant_paths(db_path)
+
+    def folder_paths(self, db_path: Path) -> list[Path]:
+        """Every other name containing '.sqlite' in the database's folder, as the official evaluator lists them."""
+        if not self.folder:
+            return []
         db_path = Path(db_path)
-        extra: list[Path] = []
-        if self.folder:
-            # the official evaluator: every name containing '.sqlite' in the database's folder
-            extra += sorted(p for p in db_path.parent.iterdir() if ".sqlite" in p.name and p.is_file()
-                            and p.name != db_path.name)
-        if self.variants:
-            extra += VariantCache(self.cache_dir, self.seed).paths(db_path, self.variants)
-        return extra
+        return sorted(p for p in db_path.parent.iterdir() if ".sqlite" in p.name and p.is_file()
+                      and p.name != db_path.name)
+
+    def variant_paths(self, db_path: Path) -> list[Path]:
+        return VariantCache(self.cache_dir, self.seed).paths(db_path, self.variants) if self.variants else []

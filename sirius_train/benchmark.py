@@ -290,12 +290,22 @@ def scores(questions: list[BenchQuestion], rows: list[dict]) -> list[QuestionSco
             for q, r in zip(questions, rows)]
 
 
-def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: float) -> dict:
+def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: float,
+                 official: dict[str, list[float]] | None = None) -> dict:
+    """The model's figures; `official` adds per-question official metrics of its greedy answers (OFFICIAL), as
+    means overall, per bucket and per database."""
     report = {"model": spec.label, "source": spec.source, "engine": spec.engine,
               "prompt_format": asdict(spec.prompt_format), "temperature": spec.temperature,
               "max_new_tokens": spec.max_new_tokens, "seconds": round(seconds, 1),
               "questions_per_s": round(len(questions) / seconds, 3) if seconds > 0 else None,
               **breakdown(scores(questions, rows), settings.k, BUCKET_ORDER)}
+    for name, values in (official or {}).items():
+        from sirius_train.official_metrics import group_means
+
+        report["overall"][name] = sum(values) / len(values) if values else 0.0
+        for group, key in (("buckets", "bucket"), ("databases", "db_id")):
+            for g, mean in group_means(values, [getattr(q, key) for q in questions]).items():
+                report[group][g][name] = mean
     if spec.card:
         report["phase"] = spec.card.get("phase")
         report["run_eval_exec_acc"] = spec.card.get("figures", {}).get("eval_exec_acc")
@@ -318,13 +328,17 @@ def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows
 
 
 SHOWN = ("greedy_ex", "mean_sampled_ex", "maj_at_k", "pass_at_k", "headroom", "selected_ex")
+# of the greedy answers (sirius_train.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
+# Soft-F1 with --compare bird, test-suite accuracy with --test-suite
+OFFICIAL = ("greedy_r_ves", "greedy_soft_f1", "greedy_ts")
 
 
 def markdown(report: dict) -> str:
     """The overall table (one row per model), then greedy EX / pass@k per bucket and per database."""
     k = report["k"]
-    names = {"maj_at_k": f"maj@{k}", "pass_at_k": f"pass@{k}"}
-    shown = [f for f in SHOWN if any(f in m["overall"] for m in report["models"])]
+    names = {"maj_at_k": f"maj@{k}", "pass_at_k": f"pass@{k}", "greedy_r_ves": "R-VES", "greedy_soft_f1": "Soft-F1",
+             "greedy_ts": "TS"}
+    shown = [f for f in SHOWN + OFFICIAL if any(f in m["overall"] for m in report["models"])]
     lines = [f"# Benchmark {report['name']}: {report['n']} questions from {report['questions']}",
              "", f"greedy and n={report['n_samples']} samples (temperature per model below); compare={report['compare']}"
              + (f"; multi-turn episodes, up to {report['multi_turn']} probes" if report.get("multi_turn") else ""),
@@ -341,6 +355,7 @@ def markdown(report: dict) -> str:
                   + " |", "|---|---:|" + "---:|" * len(report["models"])]
         for g in groups:
             cells = [f"{100 * m[key][g]['greedy_ex']:.1f}% / {100 * m[key][g]['pass_at_k']:.1f}%"
+                     + "".join(f"; {names[f]} {100 * m[key][g][f]:.1f}" for f in OFFICIAL if f in m[key][g])
                      if g in m[key] else "" for m in report["models"]]
             n = next(m[key][g]["n"] for m in report["models"] if g in m[key])
             lines.append(f"| {g} | {n} | " + " | ".join(cells) + " |")

@@ -13,7 +13,9 @@ in training can never disagree. Three input layouts:
 
 Buckets: the gold's `difficulty` (BIRD: simple / moderate / challenging) when there is one, from the
 gold file or `difficulty_file`; otherwise Spider's hardness of the gold SQL (`sirius_train.hardness`).
-Reports are written as JSON, Markdown and a PNG chart.
+Reports are written as JSON, Markdown and a PNG chart. Beside EX, a report carries the official metrics it
+was given per question (`sirius_train.official_metrics`): R-VES and Soft-F1 (BIRD), test-suite accuracy,
+EX on variant databases -- each overall, per bucket and per database.
 """
 
 from __future__ import annotations
@@ -98,8 +100,14 @@ def score_items(items: list[EvalItem], db_root: Path, compare: str, *, workers: 
         return executor.score(score, on_result=on_result)
 
 
-def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str) -> dict:
-    """EX overall, per bucket and per database, with execution status counts. Pure.
+# per-question metrics a report may carry, by name -> title (means shown x 100, as the official scripts print them)
+METRICS = {"r_ves": "R-VES", "soft_f1": "Soft-F1", "ts": "TS", "ex_variants": "EX+variants"}
+
+
+def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str,
+              metrics: dict[str, list[float]] | None = None) -> dict:
+    """EX overall, per bucket and per database, with execution status counts; with `metrics` (per question: R-VES's
+    sqrt(reward), Soft-F1, test-suite or variant match), their means beside EX. Pure.
 
     Example:
         >>> items = [EvalItem(1, "a", "q", "q", "easy"), EvalItem(2, "a", "q", None, "hard"), EvalItem(3, "b", "q", "x", "easy")]
@@ -109,17 +117,21 @@ def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str) -
         >>> r["ex"], r["buckets"]["easy"], r["databases"]["b"]["ex"], r["missing"]
         (0.333333, {'n': 2, 'correct': 1, 'ex': 0.5}, 0.0, 1)
     """
-    def summary(pairs) -> dict:
-        n = len(pairs)
-        correct = sum(r.match for _, r in pairs)
-        return {"n": n, "correct": correct, "ex": round(correct / n, 6) if n else 0.0}
+    metrics = metrics or {}
 
-    pairs = list(zip(items, results))
-    buckets = {}
-    for bucket in _bucket_order({it.bucket for it in items}):
-        buckets[bucket] = summary([(it, r) for it, r in pairs if it.bucket == bucket])
-    databases = {db: summary([(it, r) for it, r in pairs if it.db_id == db]) for db in sorted({it.db_id for it in items})}
-    overall = summary(pairs)
+    def summary(at: list[int]) -> dict:
+        n = len(at)
+        correct = sum(results[k].match for k in at)
+        out = {"n": n, "correct": correct, "ex": round(correct / n, 6) if n else 0.0}
+        for name, values in metrics.items():
+            out[name] = round(sum(values[k] for k in at) / n, 6) if n else 0.0
+        return out
+
+    everyone = range(len(items))
+    buckets = {b: summary([k for k in everyone if items[k].bucket == b])
+               for b in _bucket_order({it.bucket for it in items})}
+    databases = {db: summary([k for k in everyone if items[k].db_id == db]) for db in sorted({it.db_id for it in items})}
+    overall = summary(list(everyone))
     return {"compare": compare, **overall, "missing": sum(it.pred_sql is None for it in items),
             "buckets": buckets, "databases": databases,
             "pred_status": dict(Counter(r.pred_status for r in results)),
@@ -146,6 +158,9 @@ def markdown_report(report: dict) -> str:
     """
     lines = [f"# Execution accuracy ({report['compare']}): {100 * report['ex']:.2f}% ({report['correct']}/{report['n']})",
              ""]
+    shown = [m for m in METRICS if m in report]
+    if shown:
+        lines += [", ".join(f"{METRICS[m]} {100 * report[m]:.2f}" for m in shown), ""]
     if report.get("missing"):
         lines += [f"{report['missing']} question(s) had no prediction and count as wrong.", ""]
     if report.get("gold_failures"):
@@ -153,8 +168,10 @@ def markdown_report(report: dict) -> str:
     for title, key in (("Difficulty", "buckets"), ("Database", "databases")):
         if not report[key]:
             continue
-        lines += [f"| {title} | n | correct | EX |", "|---|---:|---:|---:|"]
-        lines += [f"| {k} | {v['n']} | {v['correct']} | {100 * v['ex']:.2f}% |" for k, v in report[key].items()]
+        lines += [f"| {title} | n | correct | EX |" + "".join(f" {METRICS[m]} |" for m in shown),
+                  "|---|---:|---:|---:|" + "---:|" * len(shown)]
+        lines += [f"| {k} | {v['n']} | {v['correct']} | {100 * v['ex']:.2f}% |" +
+                  "".join(f" {100 * v[m]:.2f} |" for m in shown) for k, v in report[key].items()]
         lines.append("")
     return "\n".join(lines)
 

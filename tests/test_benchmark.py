@@ -161,6 +161,12 @@ def test_spider_and_bird_dev_json_in_and_official_files_out(tiny, tmp_path, layo
     if layout == "bird":
         assert {b: v["ex"] for b, v in rescored["buckets"].items()} == pytest.approx(
             {b: v["greedy_ex"] for b, v in model["buckets"].items()}, abs=1e-6)
+        # BIRD's official metrics of the greedy answers, per bucket: Soft-F1 as `sirius evaluate` has it, R-VES 0
+        # exactly where no greedy answer is right (timings differ between runs, rewards only for right answers)
+        assert {b: v["soft_f1"] for b, v in rescored["buckets"].items()} == pytest.approx(
+            {b: v["greedy_soft_f1"] for b, v in model["buckets"].items()}, abs=1e-6)
+        assert all((v["greedy_r_ves"] == 0) == (v["greedy_ex"] == 0) for v in model["buckets"].values())
+        assert "R-VES" in (tmp_path / "b" / "dev.md").read_text()
 
 
 @TINY_RUN

@@ -88,6 +88,10 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads for local models (0: torch's "
                                                               "default; 1 on a shared machine, docs/SFT.md)"),
         timeout: float = typer.Option(30.0, "--timeout", help="seconds per query"),
+        ves_repeats: int = typer.Option(100, "--ves-repeats", min=0, help="R-VES timings per correct greedy answer "
+                                        "(BIRD's evaluator: 100; 0: no R-VES); with compare bird only"),
+        test_suite: Path = typer.Option(None, "--test-suite", exists=True, file_okay=False,
+                                        help="a test-suite folder (<db_id>/*.sqlite): also greedy test-suite accuracy"),
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT, multi_turn: int = MULTI_TURN,
         quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
@@ -134,7 +138,10 @@ def register(app: typer.Typer) -> None:
                     with progress_bar(spec.label, len(items), not quiet) as advance:
                         rows = benchmark_model(spec, items, db_root, settings, executor=executor, advance=advance,
                                                cache=cache_path(out, name, spec, questions, settings))
-                    reports.append(model_report(spec, items, rows, settings, time.monotonic() - t0))
+                    seconds = time.monotonic() - t0
+                    official = greedy_official(items, rows, db_root, settings.compare, executor, ves_repeats,
+                                               test_suite, workers, timeout)
+                    reports.append(model_report(spec, items, rows, settings, seconds, official))
                     write_predictions(out, f"{name}.{spec.label}", items, rows)
         report = {"name": name, "questions": str(questions), "n": len(items), "k": k, "n_samples": settings.n,
                   "compare": settings.compare, "lifecycle": lifecycle, "seed": seed, "multi_turn": multi_turn,
@@ -144,3 +151,26 @@ def register(app: typer.Typer) -> None:
         plot(report, out / f"{name}.png")
         typer.echo(markdown(report))
         stderr.print(f"wrote {out / name}.json / .md / .png and the greedy predictions (.pred.sql, .predict_dev.json)")
+
+
+def greedy_official(items, rows, db_root: Path, compare: str, executor, ves_repeats: int, test_suite: Path | None,
+                    workers: int, timeout: float) -> dict:
+    """The official metrics of the greedy answers, per question: R-VES's sqrt(reward) and Soft-F1 with BIRD's
+    equivalence, TS with a test-suite folder (docs/METRICS.md)."""
+    import math
+
+    from rewards.sandbox import Limits
+    from sirius_train import official_eval
+
+    pairs = [(q.db_id, q.gold_sql, r["greedy_sql"]) for q, r in zip(items, rows)]
+    official = {}
+    if compare == "bird":
+        official["greedy_soft_f1"] = official_eval.soft_f1_scores(executor, pairs)
+        if ves_repeats:
+            rewards = official_eval.ves_rewards(db_root, pairs, [bool(r["greedy"]) for r in rows], ves_repeats,
+                                                limits=Limits(timeout_s=timeout))
+            official["greedy_r_ves"] = [math.sqrt(x) for x in rewards]
+    if test_suite is not None:
+        official["greedy_ts"] = [float(m) for m in official_eval.ts_matches(test_suite, pairs, workers=workers,
+                                                                            timeout_s=timeout)]
+    return official
