@@ -88,10 +88,14 @@ def pools_markdown(result: dict) -> str:
         pool, source = name.split(":", 1)
         for key, value in row.items():
             totals[pool][key] += value
-        lines.append(_row(pool.split("_")[-1].replace(".jsonl", "").replace("pools", "A"), source, row, ks))
+        lines.append(_row(_label(pool), source, row, ks))
     for pool, row in totals.items():
-        lines.append(_row("**" + ("A" if pool.endswith("pools.jsonl") else "B") + "**", "**all**", row, ks))
+        lines.append(_row(f"**{_label(pool)}**", "**all**", row, ks))
     return "\n".join(lines)
+
+
+def _label(pool: str) -> str:
+    return "A" if pool == POOLS[0] else "B"
 
 
 def _row(pool: str, source: str, row: dict, ks: list[int]) -> str:
