@@ -5,6 +5,7 @@ Torch-free, so the verl launcher and the commands can catch and raise them witho
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -15,8 +16,13 @@ class TrainingHalted(RuntimeError):
 
 
 class Preempted(TrainingHalted):
-    """A preemption signal (SIGTERM, or SIGUSR1 as Slurm's `--signal` sends it) ended the run after a complete,
-    checkpointed step: rerunning the same command resumes from it exactly."""
+    """A preemption signal (SIGTERM, or SIGUSR1 as Slurm's `--signal` sends it) or a first Ctrl-C (SIGINT) ended
+    the run after a complete, checkpointed step: rerunning the same command resumes from it exactly."""
+
+    @property
+    def interrupted(self) -> bool:
+        """The user pressed Ctrl-C (not the cluster): the command exits 130, as an interrupted command does."""
+        return str(self).startswith("SIGINT:")
 
 
 class NonFiniteGradients(TrainingHalted):
@@ -24,6 +30,7 @@ class NonFiniteGradients(TrainingHalted):
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+CAUGHT_SIGNALS = (*PREEMPTION_SIGNALS, signal.SIGINT)  # a first Ctrl-C stops the run as SIGTERM does
 _open: list[list[str]] = []  # the `caught` lists of the preemption_signals contexts now open, innermost last
 
 
@@ -32,18 +39,28 @@ def preemption_signals(forward: Callable[[signal.Signals], None] | None = None):
     """Within: SIGTERM / SIGUSR1 are noted (their names appended to the yielded list) instead of ending the
     process, so the loop can finish its step and checkpoint; `forward(sig)`, when given, is called with each
     one as it arrives (to pass it on to a child). A signal an enclosing context caught is already in the list:
-    it asks this one to stop too. Signal handlers exist only in the main thread."""
+    it asks this one to stop too. Signal handlers exist only in the main thread.
+
+    A first Ctrl-C (SIGINT) is noted the same way -- and forwarded as SIGTERM, so a child stops as it would
+    when preempted -- with a line on stderr saying so; a Ctrl-C while a signal is already pending raises
+    `KeyboardInterrupt` at once (the steps since the last checkpoint are lost)."""
     caught: list[str] = [name] if (name := pending()) is not None else []
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
 
     def note(signum: int, frame) -> None:
-        caught.append(signal.Signals(signum).name)
+        sig = signal.Signals(signum)
+        if sig == signal.SIGINT:
+            if pending() is not None:
+                raise KeyboardInterrupt
+            sys.stderr.write("\nCtrl-C: stopping at the next checkpoint (the rerun resumes there); Ctrl-C again "
+                             "stops at once\n")
+        caught.append(sig.name)
         if forward is not None:
-            forward(signal.Signals(signum))
+            forward(signal.SIGTERM if sig == signal.SIGINT else sig)
 
-    previous = {s: signal.signal(s, note) for s in PREEMPTION_SIGNALS}
+    previous = {s: signal.signal(s, note) for s in CAUGHT_SIGNALS}
     _open.append(caught)
     try:
         yield caught

@@ -41,6 +41,21 @@ def test_keep_last_retains_the_newest_checkpoints(tiny, tmp_path):
     assert all(verify_checkpoint(p) is None for p in list_checkpoints(tmp_path / "two"))
 
 
+def test_retention_counts_complete_checkpoints_only(tiny, tmp_path):
+    """keep_last=1 after a resume past a damaged newest checkpoint (step 6): the fresh save (step 5) is kept and the
+    one resumed from (step 4) goes; counting the damaged one would delete each fresh save until step 6."""
+    for step in (2, 4, 6):
+        _save(tmp_path, step, tiny, keep_last=0)
+    _damage_truncate(tmp_path / "step_000006")
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000004"  # where the rerun resumes
+    _save(tmp_path, 5, tiny, keep_last=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000005", "step_000006"]
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_000005"
+    _save(tmp_path, 6, tiny, keep_last=1)  # the run reaches the damaged step: rewritten, the older one goes
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000006"]
+    assert verify_checkpoint(tmp_path / "step_000006") is None
+
+
 def _damage_truncate(path):
     f = path / "model.safetensors"
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])

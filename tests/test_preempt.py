@@ -63,6 +63,33 @@ def test_a_signal_after_an_inner_context_closed_is_pending_in_the_outer_one():
     assert pending() is None and signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.fixture
+def uncaught_ctrl_c():
+    """Outside the contexts, Ctrl-C fails the test (instead of ending the whole pytest session)."""
+    def uncaught(signum, frame):
+        pytest.fail("Ctrl-C reached the handler outside the preemption_signals contexts")
+
+    previous = signal.signal(signal.SIGINT, uncaught)
+    yield uncaught
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_first_ctrl_c_is_a_preemption_and_a_second_one_stops_at_once(capfd, uncaught_ctrl_c):
+    """Ctrl-C inside the schedule: the first is noted like SIGTERM (and passed on to a child as SIGTERM) with a line
+    saying what happens; the second raises KeyboardInterrupt where the process is; Ctrl-C is plain again after."""
+    from sirius_train.halts import pending, preemption_signals
+
+    forwarded = []
+    with preemption_signals() as outer, preemption_signals(forwarded.append) as inner:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert inner == ["SIGINT"] and outer == [] and pending() == "SIGINT" and forwarded == [signal.SIGTERM]
+        assert "Ctrl-C: stopping at the next checkpoint" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert Preempted("SIGINT: SFT stopped").interrupted and not Preempted("SIGTERM: SFT stopped").interrupted
+    assert signal.getsignal(signal.SIGINT) is uncaught_ctrl_c
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_signal_to_the_launcher_reaches_verls_process_group_and_ends_in_preempted(tmp_path, sig):
     """verl's launcher forwards the signal to verl's whole process group, waits for it, raises `Preempted`
@@ -176,10 +203,27 @@ def test_the_slurm_script_passes_the_signal_to_sirius_train_and_waits_for_it(tmp
             os.killpg(script.pid, signal.SIGKILL)  # the Ray stand-ins, as the end of a Slurm job would
 
 
-def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_same_weights(tmp_path):
-    """SIGTERM mid-SFT (a real signal to this process, inside the schedule's `preemption_signals`): the step in
-    progress ends, the Trainer's checkpoint is written, `Preempted` says so; rerunning resumes from that step
-    and ends with the weights of an uninterrupted SFT, exactly, on CPU."""
+def _killed_mid_save(sft_dir: Path) -> Path:
+    """What a SIGKILL during the Trainer's save of a later checkpoint leaves: weights written, the optimizer state
+    cut short, no trainer state, no record."""
+    import shutil
+
+    partial = sft_dir / "checkpoint-6"
+    shutil.copytree(sft_dir / "checkpoint-3", partial)
+    (partial / "optimizer.pt").write_bytes((partial / "optimizer.pt").read_bytes()[:100])
+    for name in ("trainer_state.json", "MANIFEST.json"):
+        (partial / name).unlink(missing_ok=True)
+    return partial
+
+
+@pytest.mark.parametrize("sig,then", [(signal.SIGTERM, None), (signal.SIGINT, None), (signal.SIGTERM, _killed_mid_save)],
+                         ids=["SIGTERM", "Ctrl-C", "SIGTERM, then killed mid-save"])
+def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_same_weights(tmp_path, sig, then,
+                                                                                         uncaught_ctrl_c, capfd):
+    """SIGTERM or a first Ctrl-C mid-SFT (a real signal to this process, inside the schedule's
+    `preemption_signals`): the step in progress ends, the Trainer's checkpoint is written, `Preempted` says so;
+    rerunning resumes from that step and ends with the weights of an uninterrupted SFT, exactly, on CPU. A later
+    checkpoint that a kill left incomplete is passed over (and removed) with a warning."""
     import copy
 
     import torch
@@ -200,17 +244,22 @@ def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_sa
     class SignalAtStep3(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == 3:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), sig)
 
     reference = copy.deepcopy(model)
     train_sft(reference, tokenizer, pairs, tmp_path / "reference", **options)
     interrupted = copy.deepcopy(model)
-    with preemption_signals(), pytest.raises(Preempted, match=r"^SIGTERM: SFT stopped after step 3 of 12, "
+    with preemption_signals(), pytest.raises(Preempted, match=rf"^{sig.name}: SFT stopped after step 3 of 12, "
                                                                rf"checkpoint {tmp_path}/sft/checkpoint-3 written$"):
         train_sft(interrupted, tokenizer, pairs, tmp_path / "sft", callbacks=[SignalAtStep3()], **options)
+    partial = then(tmp_path / "sft") if then else None
+    capfd.readouterr()
     resumed = copy.deepcopy(model)
     figures = train_sft(resumed, tokenizer, pairs, tmp_path / "sft", **options)
-    assert figures["sft_steps"] == 12
+    err = " ".join(capfd.readouterr().err.split())
+    assert figures["sft_steps"] == 12 and f"resuming SFT from {tmp_path}/sft/checkpoint-3" in err, err
+    if partial is not None:
+        assert f"warning: SFT checkpoint {partial} is damaged (no MANIFEST.json" in err and not partial.exists(), err
     for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
 

@@ -6,6 +6,11 @@ position, step). It is written under a hidden temporary name, every file fsynced
 (each file's size and SHA-256) last, and renamed into place in one step. Resume takes the newest
 checkpoint whose files match their manifest and says which damaged ones it passed over. A write that
 fails (a full disk) removes its temporary folder and leaves the previous checkpoints as they were.
+Retention (`keep_last`) counts complete checkpoints only: a damaged one never takes the place of a good one.
+
+The SFT warm start's Hugging Face checkpoints (`checkpoint-N/`) get the same record, written last by
+`sft_preemption.RecordCheckpoints` (sizes only: a 32B DeepSpeed checkpoint is too large to hash at every
+save, and what a kill leaves behind -- a missing record, a short or missing file -- shows in the sizes).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,12 +45,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, state: dict, ke
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
-        files = {}
-        for f in sorted(tmp.iterdir()):  # durable before the manifest vouches for it
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-            files[f.name] = {"size": f.stat().st_size, "sha256": _sha256(f)}
-        _write_durably(tmp / MANIFEST, json.dumps({"step": step, "files": files}, indent=1))
+        write_manifest(tmp, step)
     except Exception as e:  # noqa: BLE001 -- safetensors and torch wrap the OS error in their own types
         written = _folder_bytes(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -56,22 +58,34 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, state: dict, ke
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(ckpt_dir)
-    if keep_last > 0:
-        for old in list_checkpoints(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(list_checkpoints(ckpt_dir), keep_last)
     return final
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Checkpoint folders, oldest first (temporary folders of an interrupted save are ignored)."""
+def write_manifest(folder: Path, step: int, hashes: bool = True) -> None:
+    """`MANIFEST.json` in `folder`, last: each file's size (and SHA-256 with `hashes`), every file fsynced first so
+    the record never vouches for data still in the page cache."""
+    files = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+        files[f.relative_to(folder).as_posix()] = {"size": f.stat().st_size, **({"sha256": _sha256(f)} if hashes
+                                                                                 else {})}
+    _write_durably(folder / MANIFEST, json.dumps({"step": step, "files": files}, indent=1))
+
+
+def list_checkpoints(ckpt_dir: Path, pattern: str = "step_*") -> list[Path]:
+    """Checkpoint folders named `pattern` ending in their step number, oldest first (temporary folders of an
+    interrupted save are ignored)."""
     if not ckpt_dir.is_dir():
         return []
-    done = [p for p in ckpt_dir.glob("step_*") if p.is_dir()]
-    return sorted(done, key=lambda p: int(p.name.split("_")[1]))
+    done = [p for p in ckpt_dir.glob(pattern) if p.is_dir() and re.search(r"\d+$", p.name)]
+    return sorted(done, key=lambda p: int(re.search(r"\d+$", p.name).group()))
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None when every file of `path` matches its manifest, else what is wrong with it."""
+def verify_checkpoint(path: Path, hashes: bool = True) -> str | None:
+    """None when every file of `path` matches its manifest, else what is wrong with it (`hashes=False`: the
+    record and the sizes only -- is the save complete -- without reading the files)."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
@@ -84,20 +98,35 @@ def verify_checkpoint(path: Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != expected["size"]:
             return f"{name} has {f.stat().st_size} bytes, the manifest says {expected['size']}"
-        if _sha256(f) != expected["sha256"]:
+        if hashes and "sha256" in expected and _sha256(f) != expected["sha256"]:
             return f"{name} does not match its SHA-256"
     return None
 
 
-def latest_checkpoint(ckpt_dir: Path, warn=None) -> Path | None:
+def latest_checkpoint(ckpt_dir: Path, warn: Callable[[str], None] | None = None, pattern: str = "step_*",
+                      hashes: bool = True) -> Path | None:
     """The newest checkpoint that verifies; `warn(message)` hears of each newer one passed over."""
-    for path in reversed(list_checkpoints(ckpt_dir)):
-        problem = verify_checkpoint(path)
+    for path in reversed(list_checkpoints(ckpt_dir, pattern)):
+        problem = verify_checkpoint(path, hashes)
         if problem is None:
             return path
         if warn is not None:
             warn(f"checkpoint {path} is damaged ({problem}); falling back to the previous one")
     return None
+
+
+def prune_checkpoints(checkpoints: list[Path], keep_last: int) -> None:
+    """Keep the newest `keep_last` *complete* checkpoints of `checkpoints` (oldest first; 0 keeps all): delete the
+    complete ones before them, and anything older than the oldest one kept. A damaged checkpoint newer than that
+    stays (the run rewrites it when it gets there) and is never counted, so it never displaces a good one."""
+    if keep_last <= 0:
+        return
+    complete = [p for p in checkpoints if verify_checkpoint(p, hashes=False) is None]
+    if len(complete) <= keep_last:
+        return
+    oldest_kept = checkpoints.index(complete[-keep_last])
+    for old in checkpoints[:oldest_kept]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_state(path: Path) -> dict:

@@ -129,12 +129,14 @@ def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir:
     encoded = [e for e in (encode_example(tokenizer, p, a, max_len) for p, a in pairs) if e is not None]
     dropped = len(pairs) - len(encoded)
     if not encoded:
-        raise ValueError(f"no SFT example fits in max_len={max_len} tokens; raise sft.max_len")
+        raise ValueError("no SFT examples to train on" if not pairs else
+                         f"no SFT example fits in max_len={max_len} tokens; raise sft.max_len")
     data = pack(encoded, max_len) if packing else encoded
+    resume = resume_point(Path(output_dir))
     handoff = ranks.current_handoff()
     if handoff is not None:
-        handoff.publish(_write_handoff(model, tokenizer.pad_token_id, data, output_dir, options, report_to))
-    result = _fit(model, tokenizer.pad_token_id, data, output_dir, options, callbacks, report_to)
+        handoff.publish(_write_handoff(model, tokenizer.pad_token_id, data, output_dir, options, report_to, resume))
+    result = _fit(model, tokenizer.pad_token_id, data, output_dir, options, callbacks, report_to, resume)
     if handoff is not None:  # every rank read it before the first (collective) step
         shutil.rmtree(Path(output_dir) / "handoff", ignore_errors=True)
     return {"sft_loss": result.training_loss, "sft_steps": result.global_step, "sft_examples": len(encoded),
@@ -152,7 +154,8 @@ def follow_sft(timeout_s: float = ranks.LEADER_TIMEOUT_S) -> bool:
     model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=getattr(torch, spec["dtype"]),
                                                  local_files_only=True).to(device)
     data = read_jsonl(Path(spec["data"]), required=("input_ids", "labels"))
-    _fit(model, spec["pad_id"], data, spec["output_dir"], SFTOptions(**spec["options"]), (), spec["report_to"])
+    _fit(model, spec["pad_id"], data, spec["output_dir"], SFTOptions(**spec["options"]), (), spec["report_to"],
+         spec["resume"])
     return True
 
 
@@ -164,7 +167,7 @@ def training_arguments(output_dir: str | Path, options: SFTOptions, on_gpu: bool
         output_dir=str(output_dir), num_train_epochs=options.epochs, learning_rate=options.lr,
         per_device_train_batch_size=options.batch_size, gradient_accumulation_steps=options.gradient_accumulation_steps,
         warmup_steps=options.warmup_ratio, weight_decay=options.weight_decay, lr_scheduler_type="cosine",
-        logging_steps=10, save_strategy="steps", save_steps=200, save_total_limit=1, report_to=list(report_to),
+        logging_steps=10, save_strategy="steps", save_steps=200, report_to=list(report_to),
         seed=options.seed, data_seed=options.seed, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(),
         gradient_checkpointing=options.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if options.gradient_checkpointing else None,
@@ -193,16 +196,18 @@ def check_sft_deepspeed(sft, *, seed: int = 0, device: str = "auto", world_size:
     return check_deepspeed_config(sft.deepspeed, args, world_size or ranks.launch_world_size())
 
 
-def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions, callbacks, report_to):
-    """The one training code path of every rank: a `Trainer` (under DeepSpeed when configured), resumed if it can."""
+def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions, callbacks, report_to,
+         resume: str | None):
+    """The one training code path of every rank: a `Trainer` (under DeepSpeed when configured), resumed from
+    rank 0's `resume_point`."""
     from transformers import PrinterCallback, Trainer
-    from transformers.trainer_utils import get_last_checkpoint
 
-    from sirius_train.local.sft_preemption import StopOnPreemption
+    from sirius_train.local.sft_preemption import RecordCheckpoints, StopOnPreemption
 
     output_dir = Path(output_dir)
+    callbacks = [*callbacks, RecordCheckpoints()]  # retention happens there, after the record
     if ranks.launch_world_size() <= 1:  # one process: a preemption checkpoints the step (ranks could not follow)
-        callbacks = [*callbacks, StopOnPreemption()]
+        callbacks.append(StopOnPreemption())
     on_gpu = next(model.parameters()).is_cuda
     with _deepspeed_process_group(options.deepspeed):
         ds_config = None
@@ -213,11 +218,29 @@ def _fit(model, pad_id: int, data: list[dict], output_dir: str | Path, options: 
         trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=PadCollator(pad_id),
                           callbacks=list(callbacks))
         trainer.remove_callback(PrinterCallback)  # progress and loss are shown by the caller's callbacks
-        last = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-        result = trainer.train(resume_from_checkpoint=last)
+        result = trainer.train(resume_from_checkpoint=resume)
         if ds_config is not None:
             _release_deepspeed(trainer, model, zero3=ds_config.get("zero_optimization", {}).get("stage") == 3)
     return result
+
+
+def resume_point(output_dir: Path) -> str | None:
+    """The newest complete `checkpoint-N` of `output_dir` (its record written last), or None. Each newer one is
+    incomplete (a kill during its save): it is removed with a warning, since the steps after the resume point are
+    redone and the Trainer would otherwise write into it. Rank 0 decides, before the other ranks are handed the
+    spec (which names it)."""
+    from sirius_train.local.checkpoint import latest_checkpoint, list_checkpoints
+    from sirius_train.local.sft_preemption import SFT_CHECKPOINTS
+    from sirius_train.progress import stderr
+
+    last = latest_checkpoint(output_dir, pattern=SFT_CHECKPOINTS, hashes=False,
+                             warn=lambda message: stderr.print(f"[yellow]warning:[/] SFT {message}: removed"))
+    found = list_checkpoints(output_dir, SFT_CHECKPOINTS)
+    for newer in found[found.index(last) + 1 if last else 0:]:
+        shutil.rmtree(newer)
+    if last is not None:
+        stderr.print(f"resuming SFT from {last}")
+    return str(last) if last else None
 
 
 @contextmanager
@@ -291,7 +314,7 @@ def _release_deepspeed(trainer, model, zero3: bool) -> None:
 
 
 def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions,
-                   report_to) -> dict:
+                   report_to, resume: str | None) -> dict:
     """Rank 0: the files and settings the other ranks train with (paths absolute: they may run elsewhere)."""
     handoff = Path(output_dir).resolve() / "handoff"
     init = Path(model.name_or_path or "")
@@ -301,4 +324,5 @@ def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path,
     write_jsonl(handoff / "data.jsonl", data)
     return {"init": str(init.resolve()), "data": str(handoff / "data.jsonl"), "pad_id": pad_id,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "output_dir": str(Path(output_dir).resolve()), "options": asdict(options), "report_to": list(report_to)}
+            "output_dir": str(Path(output_dir).resolve()), "options": asdict(options), "report_to": list(report_to),
+            "resume": resume and str(Path(resume).resolve())}
