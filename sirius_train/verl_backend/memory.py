@@ -7,8 +7,13 @@ shape that cannot fit is caught in seconds instead of an hour into a cluster job
                           (on the GPU during the update even with offload: verl loads them back for the step)
     actor kept            what stays of it while vLLM generates: fp32 params unless param_offload, AdamW unless
                           optimizer_offload (gradients are freed after the step)
-    gathered layers       FSDP unshards two layers at a time in bf16 (+ the fp32 gradient of one) and the
-                          embedding / LM head (bf16)
+    gathered layers       FSDP unshards two decoder layers at a time in bf16 (the one running, the one
+                          prefetched) and one layer's gradient (bf16, then its fp32 copy for the reduce-scatter:
+                          6 bytes/param); and the vocabulary matrices with their gradients, 4 bytes/param each:
+                          embedding *and* LM head when untied (FSDP1 keeps both in the root unit, gathered from the
+                          first forward to the end of backward, their bf16 gradients accumulating beside them; FSDP2
+                          gathers the LM head alone in backward, but with its fp32 reduce copy: the same 8 bytes a
+                          vocabulary row), the one shared matrix when tied
     saved activations     gradient checkpointing keeps each layer's bf16 input (layers x tokens x hidden x 2);
     recompute             one layer at a time is recomputed: (5h + 2 kv_heads head_dim + 4 intermediate) x 2 bytes
                           a token (without checkpointing, "activations" = that for every layer)
@@ -59,9 +64,13 @@ class ModelShape:
         return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
     @property
+    def vocab_params(self) -> int:
+        """The embedding and the LM head (one matrix when tied)."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @property
     def params(self) -> int:
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return embeddings + self.layers * self.layer_params + self.hidden
+        return self.vocab_params + self.layers * self.layer_params + self.hidden
 
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """bf16 K and V of one token on one tensor-parallel rank (KV heads are split, or replicated past TP)."""
@@ -133,7 +142,7 @@ def update_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     p, t = shape.params, layout.tokens_per_gpu
     per_layer_token = (5 * shape.hidden + 2 * shape.kv_heads * shape.hd + 4 * shape.intermediate) * 2
     parts = [("FSDP state", 16 * p / layout.gpus / GIB),
-             ("gathered layers", (shape.layer_params * (2 * 2 + 4) + shape.vocab * shape.hidden * 2) / GIB)]
+             ("gathered layers", (shape.layer_params * (2 * 2 + 2 + 4) + shape.vocab_params * (2 + 2)) / GIB)]
     if layout.gradient_checkpointing:
         parts += [("saved activations", shape.layers * t * shape.hidden * 2 / GIB),
                   ("recompute", t * per_layer_token / GIB)]
