@@ -31,10 +31,26 @@ def retail(demo_db_root, tmp_path) -> Path:
     return dst / "retail.sqlite"
 
 
-def test_hostile_sql_is_contained(retail):
+@pytest.fixture()
+def owned_temp_dir(tmp_path, monkeypatch) -> Path:
+    """A temp folder only this test writes: SQLite's temp directory for this process (its `temp_store_directory`,
+    process-wide, reset after), Python's `tempfile.tempdir`, and TMPDIR / SQLITE_TMPDIR for any child."""
+    folder = tmp_path / "temp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setenv("SQLITE_TMPDIR", str(folder))
+    with sqlite3.connect(":memory:") as con:
+        con.execute(f"PRAGMA temp_store_directory = '{folder}'")
+    yield folder
+    with sqlite3.connect(":memory:") as con:
+        con.execute("PRAGMA temp_store_directory = ''")
+
+
+def test_hostile_sql_is_contained(retail, owned_temp_dir):
     folder = retail.parent
     before = _digest(folder)
-    tmp_before = set(os.listdir(tempfile.gettempdir()))
+    temp_before = os.stat(owned_temp_dir).st_mtime_ns  # a temp file created and unlinked at once still changes it
     limits = Limits(timeout_s=TIMEOUT)
     with Sandbox(retail, limits) as sb:
         for name, sql, allowed in HOSTILE:
@@ -49,7 +65,8 @@ def test_hostile_sql_is_contained(retail):
         assert sb.run("SELECT count(*) FROM customers").rows == ((400,),)
     assert _digest(folder) == before, "database folder changed"
     assert not Path("/tmp/sirius_evil.db").exists() and not Path("/tmp/sirius_copy.db").exists()
-    assert set(os.listdir(tempfile.gettempdir())) - tmp_before == set()
+    assert not list(owned_temp_dir.iterdir()) and os.stat(owned_temp_dir).st_mtime_ns == temp_before, \
+        "a temp file was written"
 
 
 def test_deep_nesting_reaches_sqlite_safely(retail):
