@@ -268,10 +268,112 @@ class RunConfig:
         return Path(self.output_dir) / self.name
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a key can take at all, and what the key means (the error says both, and the default as the fix)."""
+
+    ok: typing.Callable[[typing.Any], bool]
+    rule: str
+    meaning: str
+
+
+def _above(low, meaning: str) -> Range:
+    return Range(lambda v: v > low, f"> {low}", meaning)
+
+
+def _at_least(low, meaning: str) -> Range:
+    return Range(lambda v: v >= low, f">= {low}", meaning)
+
+
+def _share(meaning: str, closed: bool = True) -> Range:
+    return Range(lambda v: 0 <= v <= 1 if closed else 0 <= v < 1, "in [0, 1]" if closed else "in [0, 1)", meaning)
+
+
+# Values no run can use, by section: a negative learning rate, a temperature of zero, a timeout of 0 s. The error
+# names the key, the value, the rule, what the key means and the default to set instead.
+RANGES: dict[type, dict[str, Range]] = {
+    RunConfig: {"threads": _at_least(0, "the number of torch CPU threads (0: torch's default)")},
+    DataConfig: {
+        "generated_train_dbs": _at_least(0, "the number of extra generated training databases"),
+        "generated_eval_dbs": _at_least(0, "the number of extra generated held-out databases"),
+        "synth_per_db": _at_least(0, "the number of synthesized examples per training database (0: pool_files only)"),
+        "eval_per_db": _at_least(1, "the number of held-out questions per eval database"),
+        "schema_samples": _at_least(0, "the number of sample values per column in the prompt (0: none)"),
+    },
+    ModelConfig: {key: _at_least(1, "the nano model's size") for key in (
+        "tokenizer_vocab", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "max_position_embeddings")},
+    SFTConfig: {
+        "epochs": _above(0, "the number of passes over the SFT examples"),
+        "lr": _above(0, "the SFT learning rate"),
+        "warmup_ratio": _share("the share of SFT steps that warm up", closed=False),
+        "weight_decay": _at_least(0, "AdamW's weight decay"),
+        "max_len": _at_least(1, "the length of one SFT sequence in tokens"),
+    },
+    EntropyConfig: {key: _at_least(0, meaning) for key, meaning in (
+        ("target", "H_target in nats/token"), ("delta", "the coefficient's change per step"),
+        ("coef_max", "the largest entropy coefficient"), ("coef", "the starting (or fixed) entropy coefficient"))},
+    StageConfig: {
+        "lr": _above(0, "the stage's learning rate"),
+        "weight_decay": _at_least(0, "AdamW's weight decay"),
+        "grad_clip": _above(0, "the gradient-norm clip"),
+        "prompts_per_step": _at_least(1, "the number of groups per update"),
+        "temperature": _above(0, "the sampling temperature (1.0 samples the policy as it is)"),
+        "top_p": Range(lambda v: 0 < v <= 1, "in (0, 1]", "nucleus sampling's probability mass (1.0: off)"),
+        "max_new_tokens": _at_least(1, "the answer length in tokens"),
+        "max_gen_rounds": _at_least(1, "the number of dynamic sampling's generation rounds per step"),
+        "gen_batch_size": _at_least(1, "the number of sequences generated together"),
+        "ppo_epochs": _at_least(1, "the number of passes over each rollout batch"),
+        "micro_batch_size": _at_least(1, "the number of sequences per forward/backward"),
+        "estimate_k": _at_least(1, "the number of samples per example for its pass rate"),
+        "bins": _at_least(1, "the number of pass-rate bins of the smoothed curriculum"),
+        "max_repeats": _at_least(1, "the number of times one example may repeat in the curriculum"),
+        "eval_every": _at_least(0, "the number of steps between held-out evaluations (0: at the end)"),
+        "checkpoint_every": _at_least(1, "the number of steps between checkpoints"),
+    },
+    RewardConfig: {
+        "timeout_s": _above(0, "the deadline of one SQL query in seconds"),
+        "workers": _at_least(0, "the number of sandboxed worker processes (0: in-process)"),
+    },
+    VerlConfig: {key: _at_least(1, "a verl batch size") for key in (
+        "ppo_max_token_len_per_gpu", "ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu",
+        "max_num_batched_tokens")},
+}
+
+
+def check_ranges(node, key: str = "") -> None:
+    """Every value of `node` (a config section, recursively) against `RANGES`."""
+    rules = RANGES.get(type(node), {})
+    for f in fields(node):
+        value, path = getattr(node, f.name), f"{key}.{f.name}" if key else f.name
+        if is_dataclass(value):
+            check_ranges(value, path)
+        elif isinstance(value, list) and value and is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                check_ranges(item, f"{path}.{i}")
+        elif f.name in rules and not isinstance(value, bool) and not rules[f.name].ok(value):
+            rule, default = rules[f.name], getattr(type(node)(), f.name)
+            raise ConfigError(f"{path}={value!r}: {rule.meaning} must be {rule.rule}; the default is "
+                              f"{path}={default!r}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Cross-field rules, each error saying what to set instead."""
     def bad(key: str, value, rule: str):
         raise ConfigError(f"{key}={value!r}: {rule}")
+
+    check_ranges(cfg)
+    if cfg.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", cfg.device):
+        bad("device", cfg.device, "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if cfg.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        bad("model.dtype", cfg.model.dtype, "use 'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16' or 'float16'")
+    m = cfg.model
+    if m.path is None and m.hidden_size % m.num_attention_heads:
+        bad("model.num_attention_heads", m.num_attention_heads, f"must divide model.hidden_size ({m.hidden_size})")
+    if not cfg.data.all_train_dbs() and not cfg.data.pool_files:
+        bad("data.pool_files", cfg.data.pool_files, "no training examples at all: data.train_dbs (and "
+            "generated_train_dbs) give no database to synthesize on, and no pool file is given; set "
+            "data.pool_files=[/path/pool.jsonl] (written by `sirius synth pool ... --out`, docs/SYNTHESIS.md)")
 
     if cfg.eval.k < 0 or cfg.eval.temperature <= 0:
         bad("eval", (cfg.eval.k, cfg.eval.temperature), "eval.k >= 0 (0: off) and eval.temperature > 0")
@@ -419,7 +521,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file not found: {path}")
-            raw = OmegaConf.load(path)
+            raw = _read_yaml(path)
             for parts in _key_paths(OmegaConf.to_container(raw)):
                 _check_key(parts, f"{path}: ")
             merged = OmegaConf.merge(merged, raw)
@@ -440,6 +542,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         reason = " ".join(str(e).split()).split(" full_key:")[0]
         raise ConfigError(f"invalid config{f' {path}' if path else ''}: {where}{reason}") from None
     return validate(cfg)
+
+
+def _read_yaml(path: Path):
+    """The YAML file as omegaconf reads it; a syntax error (a bad indentation, a tab) is a ConfigError naming the
+    line and column where the parser stopped, and the line."""
+    import yaml
+
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        lines = path.read_text(errors="replace").splitlines()
+        shown = f": {lines[mark.line].strip()!r}" if mark is not None and mark.line < len(lines) else ""
+        what = " ".join(filter(None, [getattr(e, "context", None), getattr(e, "problem", None)])) or str(e)
+        raise ConfigError(f"{path} is not valid YAML{where}{shown} ({' '.join(what.split())}); check the "
+                          "indentation and syntax of that line and of the lines above it") from None
 
 
 def _key_paths(node, parts: tuple = ()):

@@ -24,7 +24,7 @@ from typing import Protocol
 from data_synthesis.model_card import CARD_FILE, read_card, write_card
 from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
 from data_synthesis.records import Example, read_examples, write_examples
-from sirius_train.config import RunConfig, StageConfig, to_yaml
+from sirius_train.config import ConfigError, RunConfig, StageConfig, to_yaml
 from sirius_train.halts import preemption_signals, stop_if_preempted
 from sirius_train.local.ranks import launch_world_size
 from sirius_train.progress import stderr
@@ -142,6 +142,19 @@ def prepare_data(cfg: RunConfig) -> RunData:
                    prompt_format(cfg), d.compare)
 
 
+def check_pools(cfg: RunConfig, data: RunData, sft_only: bool) -> None:
+    """Each phase that runs has examples: a ConfigError naming the keys to change, before any model is built."""
+    d = cfg.data
+    if cfg.sft.enabled and not data.sft_pool:
+        raise ConfigError(f"no SFT examples: data.sft_share={d.sft_share} (split by {d.sft_split}) of the "
+                          f"{len(data.rl_pool)}-example training pool leaves none for the warm start; raise "
+                          "data.sft_share, or set sft.enabled=false")
+    if not sft_only and not data.rl_pool:
+        raise ConfigError(f"no RL examples: the training pool has {len(data.sft_pool)} examples and data.sft_share="
+                          f"{d.sft_share} (data.rl_pool={d.rl_pool}) leaves none for the stages; lower data.sft_share "
+                          "or set data.rl_pool=all")
+
+
 def split_pool(pool: list[Example], share: float, by: str, seed: int) -> tuple[list[Example], list[Example]]:
     """(SFT part, rest) of a shuffled pool: `share` of its examples, or of its databases when `by="databases"`.
 
@@ -193,6 +206,7 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     t_start = time.monotonic()
     data = prepare_data(cfg)
+    check_pools(cfg, data, sft_only)
     stderr.print(f"[bold]run[/] {run_dir}: {len(data.sft_pool)} SFT / {len(data.rl_pool)} RL examples on "
                  f"{len(cfg.data.all_train_dbs())} databases; {len(data.eval_set)} held-out questions on "
                  f"{len(cfg.data.all_eval_dbs())} other databases")

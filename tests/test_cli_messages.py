@@ -16,6 +16,7 @@ import pytest
 import typer
 from fake_openai import FakeOpenAIServer
 from rich.text import Text
+from typer.testing import CliRunner
 
 from sirius_train.cli import app
 from sirius_train.config import ConfigError, load_config
@@ -93,6 +94,54 @@ def test_sirius_train_says_the_unknown_key_in_one_line(tmp_path):
                                   f"output_dir={tmp_path}"))
     assert line == "error: override 'stages.0.stepz=3': unknown key 'stepz' in stages.0; did you mean 'steps'?"
     assert not any(tmp_path.iterdir())  # nothing started
+
+
+@pytest.mark.parametrize("override, message", [
+    ("stages.0.temperature=-1", "stages.0.temperature=-1.0: the sampling temperature (1.0 samples the policy as it "
+                                "is) must be > 0; the default is stages.0.temperature=1.0"),
+    ("sft.lr=-1", "sft.lr=-1.0: the SFT learning rate must be > 0; the default is sft.lr=0.002"),
+    ("reward.timeout_s=0", "reward.timeout_s=0.0: the deadline of one SQL query in seconds must be > 0; the default "
+                           "is reward.timeout_s=2.0"),
+    ("stages.1.top_p=1.5", "stages.1.top_p=1.5: nucleus sampling's probability mass (1.0: off) must be in (0, 1]"),
+    ("stages.0.checkpoint_every=0", "stages.0.checkpoint_every=0: the number of steps between checkpoints must be "
+                                    ">= 1"),
+    ("sft.epochs=0", "sft.epochs=0.0: the number of passes over the SFT examples must be > 0"),
+    ("model.hidden_size=130", "model.num_attention_heads=4: must divide model.hidden_size (130)"),
+    ("device=gpu", "device='gpu': use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+])
+def test_a_value_no_run_can_use_fails_at_load_with_the_key_the_rule_and_the_default(override, message):
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        load_config(ROOT / "configs" / "nano.yaml", [override])
+
+
+def test_doctor_and_train_refuse_an_impossible_value_in_one_line(tmp_path):
+    expected = "error: stages.0.temperature=-1.0: the sampling temperature"
+    line = one_error_line(run_cli("train", str(ROOT / "configs" / "nano.yaml"), "stages.0.temperature=-1",
+                                  f"output_dir={tmp_path}"))
+    assert line.startswith(expected), line
+    doctor = CliRunner().invoke(app, ["doctor", str(ROOT / "configs" / "nano.yaml"), "stages.0.temperature=-1"],
+                                env={"COLUMNS": "400"})
+    assert doctor.exit_code == 2 and doctor.output.startswith(expected) and len(doctor.output.splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_line(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("name: x\nstages:\n  - name: a\n   steps: 3\n")
+    expected = f"error: {config} is not valid YAML at line 4, column 4: 'steps: 3'"
+    assert one_error_line(run_cli("train", str(config))).startswith(expected)
+    for command in ("doctor", "sft"):
+        result = CliRunner().invoke(app, [command, str(config)], env={"COLUMNS": "400"})
+        assert result.exit_code == 2 and result.output.startswith(expected) and len(result.output.splitlines()) == 1
+
+
+def test_sirius_sft_with_missing_databases_says_so_without_a_traceback(tmp_path):
+    result = run_cli("sft", str(ROOT / "configs" / "nano.yaml"), f"output_dir={tmp_path}",
+                     f"data.db_root={tmp_path / 'none'}", "data.build_demo_dbs=false")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.startswith("error: databases:") and "missing: gen_eval_00" in result.stderr.splitlines()[0]
+    assert result.stderr.splitlines()[1:] == ["nothing was started; `sirius doctor CONFIG` shows every check"]
+    assert not (tmp_path / "nano").exists()
 
 
 # ------------------------------------------------------------------------------- help texts

@@ -111,6 +111,26 @@ def test_train_runs_the_cheap_checks_first_and_starts_nothing(tmp_path):
     assert not (tmp_path / "nano").exists()
 
 
+def test_the_32b_sft_config_names_its_missing_pool_in_doctor_and_in_sirius_sft(tmp_path):
+    """configs/sft_32b.yaml as shipped: doctor and `sirius sft` both name the placeholder pool and model (no nano
+    model is built); with no pool file at all the config itself says there is no training example."""
+    doctor = CliRunner().invoke(app, ["doctor", str(CONFIGS / "sft_32b.yaml")], env={"COLUMNS": "250"})
+    assert doctor.exit_code == 1
+    rows = {line.split("│")[1].strip(): line for line in doctor.output.splitlines() if line.count("│") > 3}
+    assert " FAIL " in rows["data.pool_files"] and "train_pool.jsonl not found" in rows["data.pool_files"]
+    assert " FAIL " in rows["model.path"]
+    sft = CliRunner().invoke(app, ["sft", str(CONFIGS / "sft_32b.yaml"), f"output_dir={tmp_path}"],
+                             env={"COLUMNS": "250"})
+    assert sft.exit_code == 2 and "error: data.pool_files: /shared/sirius/pools/train_pool.jsonl not found" in \
+        sft.output and "nothing was started" in sft.output, sft.output
+    assert not any(tmp_path.iterdir())
+    for command in ("doctor", "sft"):
+        empty = CliRunner().invoke(app, [command, str(CONFIGS / "sft_32b.yaml"), "data.pool_files=[]"],
+                                   env={"COLUMNS": "400"})
+        assert empty.exit_code == 2 and empty.output.startswith("error: data.pool_files=[]: no training examples at "
+                                                                "all"), empty.output
+
+
 @pytest.mark.parametrize("name", ["qwen7b_8gpu.yaml", "sirius32b.yaml", "smoke_1gpu.yaml"])
 def test_shipped_verl_configs_plan_within_80_gib(name):
     report = doctor_report(load_config(CONFIGS / name), gpu_gib=80)

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import typer
 
+from sirius_train.commands import train
+
 NANO = Path(__file__).resolve().parents[2] / "configs" / "nano.yaml"
 
 
 def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_extra_args": True})
-    def demo(overrides: list[str] = typer.Argument(None, help="key=value overrides of configs/nano.yaml")):
+    def demo(overrides: list[str] = typer.Argument(None, help="key=value overrides of configs/nano.yaml"),
+             resume_anyway: bool = typer.Option(False, "--resume-anyway", help=train.RESUME_ANYWAY_HELP),
+             fresh: bool = typer.Option(False, "--fresh", help=train.FRESH_HELP)):
         """Train and evaluate the nano model (configs/nano.yaml) in minutes on CPU."""
-        from sirius_train.commands.train import _load, print_summary, run_schedule
-
-        cfg = _load(NANO, ["name=demo", *(overrides or [])])
-        print_summary(run_schedule(cfg))
+        cfg = train._load(NANO, ["name=demo", *(overrides or [])])
+        train.print_summary(train.run_or_fail(cfg, on_change=train.on_config_change(resume_anyway, fresh)))

@@ -41,40 +41,73 @@ def preflight(cfg) -> None:
     for c in checks:
         if c.status == WARN:
             stderr.print(f"[yellow]warning:[/] {escape(c.name)}: {escape(c.detail)}" + (f" -- {escape(c.fix)}" if c.fix
-                                                                                        else ""))
+                                                                                        else ""), soft_wrap=True)
     failed = [c for c in checks if c.status == FAIL]
-    for c in failed:
+    for c in failed:  # each one line, as `fail` prints it
         stderr.print(f"[red]error:[/] {escape(c.name)}: {escape(c.detail)}" + (f" -- fix: {escape(c.fix)}" if c.fix
-                                                                               else ""))
+                                                                               else ""), soft_wrap=True)
     if failed:
         stderr.print("nothing was started; `sirius doctor CONFIG` shows every check")
         raise typer.Exit(2)
 
 
-def run_schedule(cfg, sft_only: bool = False) -> dict:
+def run_schedule(cfg, sft_only: bool = False, on_change: str = "refuse") -> dict:
+    """The schedule on `cfg.run_dir`, claimed first (`run_folder.claim`: its lock, its config record)."""
+    from sirius_train.run_folder import claim
     from sirius_train.schedule import run
 
-    if cfg.backend != "local":
-        from sirius_train.verl_backend import VerlBackend  # noqa: F401 -- needs the [verl] extra
+    with claim(cfg, on_change, notice=lambda text: stderr.print(f"[yellow]notice:[/] {escape(text)}")):
+        if cfg.backend != "local":
+            from sirius_train.verl_backend import VerlBackend  # noqa: F401 -- needs the [verl] extra
 
-        backend = VerlBackend(cfg)
-    else:
-        from sirius_train.local.backend import LocalBackend
+            backend = VerlBackend(cfg)
+        else:
+            from sirius_train.local.backend import LocalBackend
 
-        backend = LocalBackend(cfg)
+            backend = LocalBackend(cfg)
+        try:
+            return run(cfg, backend, sft_only=sft_only)
+        finally:
+            backend.close()
+
+
+def run_or_fail(cfg, sft_only: bool = False, on_change: str = "refuse") -> dict:
+    """`run_schedule`, where a stop with a reason is its one line (exit 2) and a preemption the resume line."""
+    from rewards.client import RewardServerUnavailable
+    from sirius_train.config import ConfigError
+    from sirius_train.halts import Preempted, TrainingHalted
+    from sirius_train.local.checkpoint import CheckpointWriteError
+
     try:
-        return run(cfg, backend, sft_only=sft_only)
-    finally:
-        backend.close()
+        return run_schedule(cfg, sft_only, on_change)
+    except Preempted as e:  # the cluster asked for the node back, or Ctrl-C: a clean stop, resumable
+        raise preempted_exit(e) from None
+    except (ConfigError, FileNotFoundError, TrainingHalted, CheckpointWriteError, RewardServerUnavailable) as e:
+        raise fail(e) from None  # a config the data cannot satisfy, a missing file, a diverged run, a full disk, ...
 
 
-def preempted_exit(e: Exception) -> typer.Exit:
-    """A preemption is a clean stop: its reason and the command that resumes, on stderr; exit code 0."""
+def on_config_change(resume_anyway: bool, fresh: bool) -> str:
+    """What the run-folder flags ask for when the recorded config differs (see `run_folder`)."""
+    if resume_anyway and fresh:
+        raise fail("--resume-anyway and --fresh exclude each other: continue the run, or start it over")
+    return "resume-anyway" if resume_anyway else "fresh" if fresh else "refuse"
+
+
+RESUME_ANYWAY_HELP = ("continue a run folder whose recorded config differs from this one (the changes apply to the "
+                      "phases not yet done; the old record is kept beside it)")
+FRESH_HELP = "start the run over: an existing run folder is moved aside to RUN.replaced-TIME (nothing is deleted)"
+
+
+def preempted_exit(e) -> typer.Exit:
+    """A preemption is a clean stop: its reason and the command that resumes, on stderr; exit code 0 (a batch
+    script requeues on it). A stop the user asked for with Ctrl-C is as clean but exits 130, as an interrupted
+    command does, so `sirius train ... && next` does not go on."""
     import shlex
     import sys
 
-    stderr.print(f"preempted -- {escape(str(e))}; resume with: {escape(shlex.join(['sirius', *sys.argv[1:]]))}")
-    return typer.Exit(0)
+    what = "interrupted" if e.interrupted else "preempted"
+    stderr.print(f"{what} -- {escape(str(e))}; resume with: {escape(shlex.join(['sirius', *sys.argv[1:]]))}")
+    return typer.Exit(130 if e.interrupted else 0)
 
 
 def print_verl_plan(cfg) -> None:
@@ -160,6 +193,8 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="verl: print each stage's command and resolved "
                                      "verl config, validated against the installed verl; run nothing"),
+        resume_anyway: bool = typer.Option(False, "--resume-anyway", help=RESUME_ANYWAY_HELP),
+        fresh: bool = typer.Option(False, "--fresh", help=FRESH_HELP),
     ):
         """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
         from sirius_train.local.ranks import launch_world_size
@@ -172,30 +207,21 @@ def register(app: typer.Typer) -> None:
             stderr.print("[red]error:[/] `sirius train` runs in one process (backend=verl starts its own Ray "
                          "cluster); launch only `sirius sft` with torchrun/deepspeed/accelerate")
             raise typer.Exit(2)
+        on_change = on_config_change(resume_anyway, fresh)
         preflight(cfg)
-        from rewards.client import RewardServerUnavailable
-        from sirius_train.config import ConfigError
-        from sirius_train.halts import Preempted, TrainingHalted
-        from sirius_train.local.checkpoint import CheckpointWriteError
-
-        try:
-            summary = run_schedule(cfg)
-        except Preempted as e:  # the cluster asked for the node back: a clean stop, resumable
-            raise preempted_exit(e) from None
-        except (ConfigError, TrainingHalted, CheckpointWriteError, RewardServerUnavailable) as e:  # a diverged run, ...
-            raise fail(e) from None
-        print_summary(summary)
+        print_summary(run_or_fail(cfg, on_change=on_change))
 
     @app.command()
     def sft(
         config: Path = typer.Argument(..., help="run config YAML"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides"),
+        resume_anyway: bool = typer.Option(False, "--resume-anyway", help=RESUME_ANYWAY_HELP),
+        fresh: bool = typer.Option(False, "--fresh", help=FRESH_HELP),
     ):
         """The supervised warm start alone (loss on answer tokens), evaluated by execution accuracy.
 
         Under a launcher (torchrun, deepspeed, accelerate launch) rank 0 runs it and the other ranks join its SFT.
         """
-        from sirius_train.halts import Preempted
         from sirius_train.local import ranks
         from sirius_train.local.sft import follow_sft
 
@@ -203,13 +229,13 @@ def register(app: typer.Typer) -> None:
         if not cfg.sft.enabled:
             stderr.print("[red]error:[/] sft.enabled=false in this config; nothing to do")
             raise typer.Exit(2)
+        on_change = on_config_change(resume_anyway, fresh)
         try:
             if ranks.launch_rank() > 0:
                 follow_sft()
                 return
-            with ranks.leading():
-                print_summary(run_schedule(cfg, sft_only=True))
-        except Preempted as e:
-            raise preempted_exit(e) from None
+            with ranks.leading():  # on any exit, ranks still waiting are released
+                preflight(cfg)
+                print_summary(run_or_fail(cfg, sft_only=True, on_change=on_change))
         finally:
             ranks.finish()
