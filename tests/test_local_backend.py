@@ -427,15 +427,16 @@ def test_sirius_train_exits_0_on_sigterm_and_the_same_command_resumes(tiny_run, 
 
 def test_a_signal_after_the_trainers_context_closed_stops_the_schedule_after_stage1(tiny_run, tmp_path):
     """SIGTERM during stage-1 evaluation, after the DAPO trainer's own signal context has closed: the schedule's
-    context still hears it, so the run stops at the next durable point (stage 1's DONE.json) before stage 2 starts;
-    the same run resumed finishes stage 2 without redoing stage 1."""
+    context still hears it, so the run stops at the next durable point (stage 1's DONE.json) before stage 2 starts.
+    Resumed, the run goes on with stage 2 without redoing stage 1, and a signal during stage 2's pass rates stops
+    it after their first cached chunk."""
     import shutil
 
     from sirius_train.halts import Preempted
     from sirius_train.local.backend import LocalBackend
     from sirius_train.schedule import run
 
-    cfg, _, finished = tiny_run
+    _, _, finished = tiny_run
     run_dir = tmp_path / "runs" / "tiny"
     shutil.copytree(finished, run_dir, ignore=shutil.ignore_patterns("stage2", "DONE.json", "summary.json"))
     for phase in ("base", "sft"):  # stage 1 resumes from its last checkpoint (its step 6 of 6): train, evaluate
@@ -443,27 +444,29 @@ def test_a_signal_after_the_trainers_context_closed_stops_the_schedule_after_sta
     cfg = load_config(NANO, tiny_overrides(tmp_path))  # the fixture's config, in tmp_path
     logged = len(_rows(run_dir))
 
-    class SignalDuringStage1Evaluation(LocalBackend):
+    class Signalling(LocalBackend):
         def evaluate(self, model_path, data, stage):
             if stage == "stage1":
                 os.kill(os.getpid(), signal.SIGTERM)
             return super().evaluate(model_path, data, stage)
 
-    backend = SignalDuringStage1Evaluation(cfg)
-    try:
-        with pytest.raises(Preempted, match=r"^SIGTERM: stopped after stage1 and its evaluation"):
-            run(cfg, backend)
-    finally:
-        backend.close()
-    assert (run_dir / "stage1" / "DONE.json").is_file() and not (run_dir / "stage2").exists()
+        def pass_rates(self, examples, model_path, stage, data, out):
+            if stage.name == "stage2":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().pass_rates(examples, model_path, stage, data, out)
 
-    backend = LocalBackend(cfg)
-    try:
-        summary = run(cfg, backend)
-    finally:
-        backend.close()
-    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
-    assert [r["stage"] for r in _rows(run_dir)[logged:] if r.get("eval") == "final"] == ["stage1", "stage2"]
+    for stops in (r"^SIGTERM: stopped after stage1 and its evaluation", r"^SIGTERM: stage2: pass rates stopped"):
+        backend = Signalling(cfg)
+        try:
+            with pytest.raises(Preempted, match=stops):
+                run(cfg, backend)
+        finally:
+            backend.close()
+        if "stage1" in stops:
+            assert (run_dir / "stage1" / "DONE.json").is_file() and not (run_dir / "stage2").exists()
+    assert [r["stage"] for r in _rows(run_dir)[logged:] if r.get("eval") == "final"] == ["stage1"]  # evaluated once
+    cached = (run_dir / "stage2" / "passrates.cache.jsonl").read_text().splitlines()
+    assert 0 < len(cached) < len(cfg.data.train_dbs) * cfg.data.synth_per_db  # one chunk, not the pool
 
 
 def test_a_warm_start_too_weak_for_any_gradient_says_so_and_records_the_skip(tmp_path, capsys):
