@@ -1,16 +1,20 @@
-"""The nano schedule over seeds, and its ablations: entropy gate on vs off, smoothed vs uniform curriculum.
+"""The nano schedule over seeds, and its ablations, on the validation and the test split of both held-out kinds.
 
 For each seed the default run (`configs/nano.yaml`, what `make demo` runs) trains from scratch; each ablation
-then reuses that seed's data, base model and SFT warm start (copied), so the variants differ only in the DAPO
-stages. Finished runs are not run again (the schedule skips finished phases), so an interrupted benchmark
-resumes. Every run is then diagnosed by `nano_phases.py` (greedy answers per phase and the mistakes the SFT
-demonstrations taught, if any; for the first seed's default run also pass@k / maj@k at the training
-temperature on the held-out set and on fresh training-database questions). Writes docs/benchmarks/nano.md
-and docs/benchmarks/nano_entropy.png.
+(entropy gate off, uniform curriculum) then reuses that seed's data, base model and SFT warm start (copied), so
+the variants differ only in the DAPO stages. Every run is evaluated after each phase on the four held-out sets
+(`data_synthesis.demo_dbs.HELD_OUT_SETS`): validation and test, each as "seen table types" (new databases built
+from the training table types) and "unseen table and column names". Design choices are made on validation; the
+test split is only reported. Finished runs are not run again (the schedule skips finished phases), so an
+interrupted benchmark resumes, and several copies may run side by side on different seeds with one `--out`.
+Each run is then diagnosed by `nano_phases.py` (greedy answers per phase and the mistakes the SFT demonstrations
+taught; for the first seed's default run also pass@k / maj@k). The report replaces the section between
+`<!-- bench_nano:begin -->` and `<!-- bench_nano:end -->` of `--md` (the whole file if it has none), and the
+entropy picture is written beside it.
 
-    python benchmarks/bench_nano.py --seeds 0 1 2
-    python benchmarks/bench_nano.py --seeds 0 --adopt 0=/path/to/runs/demo   # a finished `make demo` as seed 0
-    python benchmarks/bench_nano.py --seeds 0 --set data.synth_where=0 stages.0.lr=3e-4   # another design
+    python benchmarks/bench_nano.py --seeds 0 1 2 --threads 1
+    python benchmarks/bench_nano.py --seeds 0 1 2 --variants default --set reward.variants=3 \\
+        --out runs/bench_variants --warm-starts runs/bench_nano --md runs/bench_variants/report.md
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -26,12 +31,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from data_synthesis.demo_dbs import HELD_OUT_SETS  # noqa: E402
+
 VARIANTS = {
     "default": [],
     "gate-off": ["stages.0.entropy.mode=off", "stages.1.entropy.mode=off"],
     "uniform": ["stages.0.curriculum=uniform", "stages.1.curriculum=uniform"],
 }
 PHASES = ("sft", "stage1", "stage2")
+# every run is evaluated on every held-out set; the test sets first, as in configs/nano.yaml (the run's headline)
+ALL_SETS = sorted(HELD_OUT_SETS, key=lambda name: HELD_OUT_SETS[name].split != "test")
+EVAL_SETS = f"data.eval_sets=[{','.join(ALL_SETS)}]"
+KIND = {"seen-types": "seen table types", "unseen-names": "unseen table and column names"}
+BEGIN, END = "<!-- bench_nano:begin -->", "<!-- bench_nano:end -->"
+# what a warm start depends on: a run may reuse another's base model and SFT only where these agree
+WARM_START_KEYS = ("seed", "data", "model", "sft", "threads")
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -52,14 +68,32 @@ def copy_run(src: Path, dst: Path, parts=("base", "sft", "data")) -> None:
             done.write_text(json.dumps(info, indent=2))
     if (src / "metrics.jsonl").is_file():  # the SFT rows belong to the copy too
         rows = [line for line in (src / "metrics.jsonl").read_text().splitlines()
-                if line.strip() and json.loads(line).get("stage") in parts]
+                if line.strip() and json.loads(line).get("stage", "").split("@")[0] in parts]
         (dst / "metrics.jsonl").write_text("".join(r + "\n" for r in rows))
+
+
+def overrides(variant: str, seed: int, out: Path, threads: int, design: list[str]) -> list[str]:
+    return [f"name={run_name(variant, seed)}", f"seed={seed}", f"output_dir={out}", f"threads={threads}", EVAL_SETS,
+            *design, *VARIANTS[variant]]
+
+
+def warm_start_of(run_dir: Path, cfg_overrides: list[str]) -> dict:
+    """The config sections a warm start depends on, as `run_dir`'s run had them or as these overrides give them."""
+    from dataclasses import asdict
+
+    from sirius_train.config import load_config
+
+    cfg = asdict(load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file()
+                 else load_config(ROOT / "configs" / "nano.yaml", cfg_overrides))
+    keep = {k: cfg[k] for k in WARM_START_KEYS}
+    keep["data"] = {k: v for k, v in keep["data"].items() if k != "eval_sets"}  # evaluated sets: not trained on
+    return keep
 
 
 def train(out: Path, variant: str, seed: int, threads: int, design: list[str] = ()) -> None:
     name = run_name(variant, seed)
-    cmd = [sys.executable, "-m", "sirius_train.cli", "train", str(ROOT / "configs" / "nano.yaml"), f"name={name}",
-           f"seed={seed}", f"output_dir={out}", f"threads={threads}", *design, *VARIANTS[variant]]
+    cmd = [sys.executable, "-m", "sirius_train.cli", "train", str(ROOT / "configs" / "nano.yaml"),
+           *overrides(variant, seed, out, threads, design)]
     with open(out / f"{name}.log", "a") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -78,9 +112,9 @@ def diagnose(out: Path, variant: str, seed: int, k: int) -> dict:
     return json.loads(path.read_text())
 
 
-def mistakes(phases: dict, phase: str) -> int:
-    """Held-out greedy answers of `phase` that reproduce one of the mistakes the SFT demonstrations taught."""
-    return sum(f["mistake"] for f in phases["phases"][phase]["held-out"].get("flaws", {}).values())
+def mistakes(phases: dict, phase: str, held_out: str) -> int:
+    """Greedy answers of `phase` on a held-out set that reproduce one of the mistakes the SFT demonstrations taught."""
+    return sum(f["mistake"] for f in phases["phases"][phase][held_out].get("flaws", {}).values())
 
 
 def steps(run_dir: Path) -> list[dict]:
@@ -95,58 +129,92 @@ def applied_coef(row: dict) -> float:
     return row["entropy_coef"] * row.get("entropy_gate_open", 1.0)  # rows logged before that field existed
 
 
-def mean_sd(values: list[float]) -> str:
+def mean_sd(values: list[float], fmt: str = ".1f") -> str:
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} ± {sd:.1f}"
+    return f"{statistics.mean(values):{fmt}} ± {sd:.1f}"
 
 
-def report(out: Path, seeds: list[int], variants: list[str], command: str, diag: dict, detail: dict | None) -> str:
-    held_out = [json.loads(line) for line in
-                (out / run_name(variants[0], seeds[0]) / "data" / "eval.jsonl").read_text().splitlines() if line]
+def held_out_ex(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Held-out set -> phase -> EX (%) of a finished run."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {name: {phase: 100 * summary["eval_sets"][phase][name] for phase in PHASES} for name in ALL_SETS}
+
+
+def split_and_kind(name: str) -> tuple[str, str]:
+    split, kind = name.split("-", 1)
+    return HELD_OUT_SETS[name].split, KIND[kind]
+
+
+def report(out: Path, seeds: list[int], variants: list[str], command: str, design: list[str], diag: dict,
+           detail: dict | None) -> str:
+    from data_synthesis.records import read_examples
+
+    data_dir = out / run_name(variants[0], seeds[0]) / "data"
+    sizes = {name: len(read_examples(data_dir / ("eval.jsonl" if i == 0 else f"eval-{name}.jsonl")))
+             for i, name in enumerate(ALL_SETS)}
+    ex = {(v, s): held_out_ex(out / run_name(v, s)) for v in variants for s in seeds}
     lines = ["## Nano schedule over seeds, and its ablations (`benchmarks/bench_nano.py`)", "",
-             f"Rerun: `{command}`", "",
-             f"Held-out execution accuracy (greedy answers, {len(held_out)} synthesized questions on "
-             f"{len({e['db_id'] for e in held_out})} generated databases never trained on), after the SFT warm "
-             "start and after each DAPO stage. Ablations reuse the seed's "
-             "data, base model and SFT, so they differ only in the DAPO stages.", "",
-             "| variant | seed | after SFT | after stage 1 | after stage 2 | DAPO − SFT (points) | "
-             "taught mistakes in greedy answers, SFT → stage 1 → stage 2 | "
-             "mean entropy stage 1 / 2 | min entropy | steps with the bonus on | largest coef applied | SFT s | DAPO stages s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    deltas: dict[str, list[float]] = {}
-    finals: dict[str, list[float]] = {}
+             f"Rerun: `{command}`" + (f" (design overrides: `{' '.join(design)}`)" if design else ""), "",
+             "Held-out execution accuracy (greedy answers) after the SFT warm start → after DAPO stage 2, and "
+             "DAPO − SFT in points, per seed, then the mean ± sd over seeds. Each held-out set is "
+             f"{', '.join(f'{name} {n}' for name, n in sizes.items())} questions on generated databases no phase "
+             "saw (the tokenizer included); validation is where design choices are made, test is only reported. "
+             "Ablations reuse the seed's data, base model and SFT, so they differ only in the DAPO stages.", "",
+             "| variant | split | held out | " + " | ".join(f"seed {s}: SFT → stage 2" for s in seeds)
+             + " | DAPO − SFT, mean ± sd | after SFT, mean ± sd | after stage 2, mean ± sd |",
+             "|---|---|---|" + "---:|" * (len(seeds) + 3)]
+    for variant in variants:
+        for name in sorted(ALL_SETS, key=lambda n: (HELD_OUT_SETS[n].split != "validation", n)):
+            split, kind = split_and_kind(name)
+            cells = [f"{ex[variant, s][name]['sft']:.1f} → {ex[variant, s][name]['stage2']:.1f} "
+                     f"({ex[variant, s][name]['stage2'] - ex[variant, s][name]['sft']:+.1f})" for s in seeds]
+            deltas = [ex[variant, s][name]["stage2"] - ex[variant, s][name]["sft"] for s in seeds]
+            lines.append(f"| {variant} | {split} | {kind} | " + " | ".join(cells)
+                         + f" | **{mean_sd(deltas, '+.1f')}** | {mean_sd([ex[variant, s][name]['sft'] for s in seeds])}"
+                         f" | {mean_sd([ex[variant, s][name]['stage2'] for s in seeds])} |")
+    seen = [n for n in ALL_SETS if n.endswith("seen-types")]
+    lines += ["", "Per run: held-out EX after SFT / stage 1 / stage 2 on each set; the taught mistakes in greedy "
+              "answers (SFT → stage 1 → stage 2) on the seen-types sets; entropy and the gate; seconds.", "",
+              "| variant | seed | " + " | ".join(ALL_SETS) + " | " + " | ".join(f"taught mistakes, {n}" for n in seen)
+              + " | mean entropy stage 1 / 2 | min entropy | steps with the bonus on | largest coef applied "
+              "| SFT s | DAPO stages s |", "|---|---:|" + "---:|" * (len(ALL_SETS) + len(seen) + 6)]
     for variant in variants:
         for seed in seeds:
             run_dir = out / run_name(variant, seed)
             summary = json.loads((run_dir / "summary.json").read_text())
-            ex = summary["eval_exec_acc"]
             seconds = {p["phase"]: p.get("seconds", 0.0) for p in summary["phases"]}
             rows = steps(run_dir)
             ent = {s: [r["entropy"] for r in rows if r["stage"] == s] for s in ("stage1", "stage2")}
             applied = [applied_coef(r) for r in rows]
-            delta = 100 * (ex["stage2"] - ex["sft"])
-            deltas.setdefault(variant, []).append(delta)
-            finals.setdefault(variant, []).append(100 * ex["stage2"])
             lines.append(
-                f"| {variant} | {seed} | {100 * ex['sft']:.1f} | {100 * ex['stage1']:.1f} | {100 * ex['stage2']:.1f} "
-                f"| {delta:+.1f} | {' → '.join(str(mistakes(diag[variant, seed], p)) for p in PHASES)} "
-                f"| {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
+                f"| {variant} | {seed} | "
+                + " | ".join(" / ".join(f"{ex[variant, seed][n][p]:.1f}" for p in PHASES) for n in ALL_SETS)
+                + " | " + " | ".join(" → ".join(str(mistakes(diag[variant, seed], p, n)) for p in PHASES) for n in seen)
+                + f" | {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
                 f"| {min(ent['stage1'] + ent['stage2']):.3f} | {sum(c > 0 for c in applied)} / {len(rows)} "
-                f"| {max(applied):.4f} "
-                f"| {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
-    lines += ["", "| variant | final EX (mean ± sd over seeds) | DAPO − SFT, points (mean ± sd) |", "|---|---:|---:|"]
-    lines += [f"| {v} | {mean_sd(finals[v])} | {mean_sd(deltas[v])} |" for v in variants]
+                f"| {max(applied):.4f} | {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
     lines += ["", "![entropy per step](nano_entropy.png)", ""]
     if detail is not None:
         from nano_phases import markdown
 
         lines += [f"Per phase, seed {seeds[0]}'s default run (`benchmarks/nano_phases.py`): greedy EX, mean EX of "
                   f"{detail['k']} samples at the training temperature, pass@{detail['k']} and maj@{detail['k']}, "
-                  "on the held-out set and on 200 fresh questions over the training databases (a new seed, "
+                  "on each held-out set and on 200 fresh questions over the training databases (a new seed, "
                   "none in any pool); then, per kind of mistake the SFT demonstrations carried, the held-out "
                   "questions it applies to and the greedy answers that are right / that reproduce the mistake.",
                   "", markdown(detail), ""]
     return "\n".join(lines)
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the marked bench section of `path` (the whole file when it has no markers)."""
+    old = path.read_text() if path.is_file() else ""
+    section = f"{BEGIN}\n{text}\n{END}"
+    if BEGIN in old and END in old:
+        new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, old, count=1, flags=re.S)
+    else:
+        new = section + "\n"
+    path.write_text(new)
 
 
 def plot(out: Path, seeds: list[int], variants: list[str], path: Path) -> None:
@@ -177,39 +245,43 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_nano")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1: deterministic on one machine)")
     ap.add_argument("--k", type=int, default=8, help="samples per question for the per-phase figures (0: skip them)")
-    ap.add_argument("--adopt", action="append", default=[], metavar="SEED=RUN_DIR",
-                    help="use a finished default run (e.g. make demo's runs/demo) as that seed's default run")
     ap.add_argument("--md", type=Path, default=ROOT / "docs" / "benchmarks" / "nano.md")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="design",
                     help="overrides of configs/nano.yaml for every run: measure another design the same way")
+    ap.add_argument("--warm-starts", type=Path, default=None, metavar="OUT",
+                    help="reuse the base model and SFT of OUT/default-seed<S> (another benchmark's runs) wherever "
+                         "the warm start's config agrees (seed, data, model, sft, threads); checked, not assumed")
+    ap.add_argument("--train-only", action="store_true", help="train and diagnose; write no report")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    for item in args.adopt:
-        seed, src = item.split("=", 1)
-        dst = args.out / run_name("default", int(seed))
-        if not (dst / "summary.json").is_file():
-            copy_run(Path(src), dst, parts=("base", "sft", "data", "stage1", "stage2"))
-            shutil.copy(Path(src) / "metrics.jsonl", dst / "metrics.jsonl")
     for seed in args.seeds:
         for variant in args.variants:
-            if variant != "default":
-                source = args.out / run_name("default", seed)
+            target = args.out / run_name(variant, seed)
+            source = args.out / run_name("default", seed)
+            if args.warm_starts and not (target / "sft" / "DONE.json").is_file():
+                source = args.warm_starts / run_name("default", seed)
+                want = warm_start_of(target, overrides(variant, seed, args.out, args.threads, args.design))
+                if warm_start_of(source, []) != want:
+                    sys.exit(f"{source}: its warm start's config differs from this run's; leave out --warm-starts")
+                copy_run(source, target)
+            elif variant != "default" and not (target / "sft" / "DONE.json").is_file():
                 if not (source / "summary.json").is_file():
                     train(args.out, "default", seed, args.threads, args.design)
-                target = args.out / run_name(variant, seed)
-                if not (target / "sft" / "DONE.json").is_file():
-                    copy_run(source, target)
+                copy_run(source, target)
             t0 = time.monotonic()
             train(args.out, variant, seed, args.threads, args.design)
             print(f"{variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
     diag = {(v, seed): diagnose(args.out, v, seed, 0) for v in args.variants for seed in args.seeds}
     detail = diagnose(args.out, "default", args.seeds[0], args.k) if "default" in args.variants and args.k else None
+    if args.train_only:
+        return
     command = "python benchmarks/bench_nano.py " + " ".join(sys.argv[1:])
-    args.md.write_text(report(args.out, args.seeds, args.variants, command, diag, detail))
+    text = report(args.out, args.seeds, args.variants, command, args.design, diag, detail)
+    write_section(args.md, text)
     plot(args.out, args.seeds, args.variants, args.md.with_name("nano_entropy.png"))
-    print(args.md.read_text())
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Why RL helps (or not) in a finished nano run: per phase, greedy / sampled / pass@k / maj@k, and the taught mistakes.
 
-For every finished phase of a run (SFT, each DAPO stage) and two question sets -- the run's held-out set
-(databases no phase saw) and fresh questions synthesized on the *training* databases with a new seed (none
-of them in any pool) -- it reports greedy EX, the mean EX of k samples at temperature T, pass@k (some sample
-right) and maj@k (the answer of the largest class of samples that agree on their result is right). On the
-held-out set it also counts, per kind of mistake the SFT demonstrations were given (`data.sft_flaws`, see
+For every finished phase of a run (SFT, each DAPO stage) and its question sets -- each of the run's held-out
+sets (`data.eval_sets`: databases no phase saw) and fresh questions synthesized on the *training* databases with
+a new seed (none of them in any pool) -- it reports greedy EX, the mean EX of k samples at temperature T, pass@k
+(some sample right) and maj@k (the answer of the largest class of samples that agree on their result is right).
+On each held-out set it also counts, per kind of mistake the SFT demonstrations were given (`data.sft_flaws`, see
 `data_synthesis/sqlgen/flaws.py`), how many greedy answers reproduce that mistake: same result as the flawed
 gold, not the correct one. Each wrong greedy answer is also told apart by what differs from the gold (its
 tables, columns, literals, or the skeleton left when those are blanked), and greedy EX is split by whether the
@@ -42,7 +42,7 @@ def fresh_questions(cfg, data, n: int, seed: int) -> list[Example]:
 
     d = cfg.data
     rules = tuple(r for r in RULES if not d.synth_rules or r.name in d.synth_rules)
-    seen = {e.question for e in data.sft_pool + data.rl_pool + data.eval_set}
+    seen = {e.question for e in data.sft_pool + data.rl_pool + [e for s in data.eval_sets.values() for e in s]}
     seen |= {e.meta.get("clean_sql", e.gold_sql) for e in data.sft_pool} | {e.gold_sql for e in data.rl_pool}
     dbs = d.all_train_dbs()
     per_db = -(-2 * n // len(dbs))
@@ -172,6 +172,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=None, help="default: stage 1's training temperature")
     ap.add_argument("--fresh", type=int, default=200, help="fresh questions on the training databases (0: none)")
     ap.add_argument("--phases", nargs="+", default=None, help="default: every finished phase")
+    ap.add_argument("--held-out", nargs="+", default=None, metavar="SET", help="default: every held-out set of the run")
     ap.add_argument("--flaws", nargs="+", default=None, choices=list(FLAWS),
                     help="mistake kinds to count (default: the run's data.sft_flaws, or all when it has none)")
     ap.add_argument("--json", type=Path, default=None)
@@ -190,7 +191,7 @@ def main() -> None:
     temperature = cfg.stages[0].temperature if args.temperature is None else args.temperature
     max_new = max(s.max_new_tokens for s in cfg.stages)
     kinds = args.flaws or list(cfg.data.sft_flaws) or list(FLAWS)
-    sets = {"held-out": data.eval_set}
+    sets = {name: data.eval_sets[name] for name in args.held_out or data.eval_sets}
     if args.fresh:
         sets["fresh train-db"] = fresh_questions(cfg, data, args.fresh, cfg.seed + 20_000)
     phases = args.phases or ["sft", *(f"stage{i}" for i in range(1, len(cfg.stages) + 1))]
@@ -204,7 +205,7 @@ def main() -> None:
                                           dtype=torch.float32)
             report["phases"][phase] = {
                 name: phase_figures(model, tokenizer, examples, data, executor, k=args.k, temperature=temperature,
-                                    max_new_tokens=max_new, flaw_kinds=kinds if name == "held-out" else [])
+                                    max_new_tokens=max_new, flaw_kinds=kinds if name in data.eval_sets else [])
                 for name, examples in sets.items()}
             print(phase, json.dumps(report["phases"][phase]), flush=True)
     if args.json:
@@ -229,14 +230,16 @@ def markdown(report: dict) -> str:
             lines.append(f"| {phase} | {name} | {fail['wrong']} | "
                          + " | ".join(str(fail["kinds"].get(k, 0)) for k in (*PARTS, "unparsable"))
                          + f" | {a} / {n_a} | {b} / {n_b} |")
-    flaws = {p: s["held-out"]["flaws"] for p, s in report["phases"].items() if "flaws" in s.get("held-out", {})}
-    if flaws:
-        phases = list(flaws)
-        lines += ["", "| taught mistake | held-out questions | " + " | ".join(f"{p}: right / mistake" for p in phases)
-                  + " |", "|---|---:|" + "---:|" * len(phases)]
-        for kind in next(iter(flaws.values())):
-            row = [f"{flaws[p][kind]['right']} / {flaws[p][kind]['mistake']}" for p in phases]
-            lines.append(f"| {kind} | {flaws[phases[0]][kind]['questions']} | " + " | ".join(row) + " |")
+    phases = list(report["phases"])
+    held_out = [name for name, f in report["phases"][phases[0]].items() if "flaws" in f] if phases else []
+    if held_out:
+        lines += ["", "| taught mistake | held-out set | questions | " + " | ".join(f"{p}: right / mistake" for p in phases)
+                  + " |", "|---|---|---:|" + "---:|" * len(phases)]
+        for name in held_out:
+            for kind, first in report["phases"][phases[0]][name]["flaws"].items():
+                row = [f"{report['phases'][p][name]['flaws'][kind]['right']} / "
+                       f"{report['phases'][p][name]['flaws'][kind]['mistake']}" for p in phases]
+                lines.append(f"| {kind} | {name} | {first['questions']} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 

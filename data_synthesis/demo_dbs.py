@@ -1,9 +1,9 @@
 """Small, realistic, deterministic SQLite databases that ship with the project as code.
 
 They serve the scorer demo, the tests and the nano training demo (which splits them by database into
-train and held-out). Each has foreign keys, a few hundred to a few thousand rows, text, integer, real
-and date columns, NULLs and duplicate values -- enough for joins, aggregates and filters to mean
-something. `build_demo_dbs(out_dir)` writes `<out_dir>/<db_id>/<db_id>.sqlite`; the same seed gives
+train, validation and test: `HELD_OUT_SETS`). Each has foreign keys, a few hundred to a few thousand rows,
+text, integer, real and date columns, NULLs and duplicate values -- enough for joins, aggregates and filters
+to mean something. `build_demo_dbs(out_dir)` writes `<out_dir>/<db_id>/<db_id>.sqlite`; the same seed gives
 byte-identical files.
 """
 
@@ -15,6 +15,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 FIRST = ["Ana", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
          "Nora", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tara", "Uma", "Victor", "Wen", "Yara", "Zoe"]
@@ -203,10 +204,116 @@ ENTITIES: list[tuple[str, str, list[tuple[str, str, Gen]]]] = [
 ]
 
 
+# Entities for held-out databases whose table names, column names and text values come from a part of the
+# vocabulary no training database uses (no word of a name or of a text value is shared with ENTITIES or the
+# hand-written schemas, the `id` key and the `_id` of a foreign key aside; `tests/test_nano_holdout.py` checks
+# the built databases). The validation and test parts share no word either, so a choice made on the one is
+# not fitted to the names of the other. Each entity keeps the shape of a training one: a label, a category,
+# one or two numbers.
+UNSEEN_VALIDATION_ENTITIES: list[tuple[str, str, list[tuple[str, str, Gen]]]] = [
+    ("geysers", "geyser", [("designation", "TEXT", _indexed("Geyser {} {}", ["Ember", "Ash", "Cinder"])),
+                           ("activity", "TEXT", _pick(["dormant", "erupting", "extinct"])),
+                           ("plume_metres", "INTEGER", _int(2, 90)), ("eruptions", "INTEGER", _int(0, 400))]),
+    ("glaciers", "glacier", [("moniker", "TEXT", _indexed("{} Ice {}", ["Frost", "Polar", "Boreal"])),
+                             ("thickness", "REAL", _real(10, 900)), ("retreat_rate", "REAL", _real(0.1, 40)),
+                             ("surveyed", "INTEGER", _int(1950, 2024))]),
+    ("orchards", "orchard", [("estate", "TEXT", _indexed("{} Grove {}", ["Amber", "Cedar", "Willow"])),
+                             ("fruit", "TEXT", _pick(["apple", "pear", "plum", "cherry"])),
+                             ("hectares", "REAL", _real(1, 300)), ("trees", "INTEGER", _int(50, 9000))]),
+    ("lighthouses", "lighthouse", [("beacon", "TEXT", _indexed("{} Light {}", ["Cape", "Reef", "Point"])),
+                                   ("coastline", "TEXT", _pick(["rocky", "sandy", "cliff"])),
+                                   ("range_km", "INTEGER", _int(5, 60)), ("lit_since", "INTEGER", _int(1700, 1990))]),
+    ("beehives", "beehive", [("apiary", "TEXT", _indexed("Apiary {} {}", ["Clover", "Heather", "Thyme"])),
+                             ("breed", "TEXT", _pick(["carniolan", "italian", "buckfast"])),
+                             ("honey_kg", "REAL", _real(2, 80)), ("frames", "INTEGER", _int(5, 30))]),
+    ("telescopes", "telescope", [("callsign", "TEXT", _indexed("{}-{}", ["Lyra", "Draco", "Cygnus"])),
+                                 ("mounting", "TEXT", _pick(["equatorial", "altazimuth", "dobsonian"])),
+                                 ("aperture_mm", "INTEGER", _int(50, 1000)), ("focal_ratio", "REAL", _real(2, 15))]),
+    ("vineyards", "vineyard", [("domaine", "TEXT", _indexed("Domaine {} {}", ["Clos", "Mas", "Rive"])),
+                               ("grape", "TEXT", _pick(["merlot", "syrah", "riesling"])),
+                               ("vines", "INTEGER", _int(500, 90000)), ("harvest_tonnes", "REAL", _real(1, 500))]),
+    ("caves", "cave", [("cavern", "TEXT", _indexed("{} Cavern {}", ["Crystal", "Echo", "Shadow"])),
+                       ("rock", "TEXT", _pick(["limestone", "basalt", "gypsum"])),
+                       ("depth_m", "INTEGER", _int(5, 2000)), ("chambers", "INTEGER", _int(1, 60))]),
+    ("satellites", "satellite", [("codename", "TEXT", _indexed("{}-{}", ["Vesta", "Juno", "Ceres"])),
+                                 ("orbit", "TEXT", _pick(["leo", "meo", "geo"])),
+                                 ("payload_kg", "INTEGER", _int(10, 6000)),
+                                 ("altitude_km", "INTEGER", _int(200, 36000))]),
+    ("bridges", "bridge", [("crossing", "TEXT", _indexed("{} Crossing {}", ["Granite", "Copper", "Slate"])),
+                           ("design", "TEXT", _pick(["suspension", "arch", "truss"])),
+                           ("span_m", "INTEGER", _int(20, 2000)), ("opened", "INTEGER", _int(1850, 2023))]),
+]
+UNSEEN_TEST_ENTITIES: list[tuple[str, str, list[tuple[str, str, Gen]]]] = [
+    ("submarines", "submarine", [("hull_code", "TEXT", _indexed("{}-{}", ["SSK", "SSN", "SSB"])),
+                                 ("propulsion", "TEXT", _pick(["diesel", "nuclear", "electric"])),
+                                 ("crew", "INTEGER", _int(20, 150)), ("displacement", "INTEGER", _int(500, 20000))]),
+    ("castles", "castle", [("fortress", "TEXT", _indexed("Castle {} {}", ["Dragon", "Raven", "Thorn"])),
+                           ("architecture", "TEXT", _pick(["norman", "gothic", "moorish"])),
+                           ("towers", "INTEGER", _int(1, 30)), ("sieges", "INTEGER", _int(0, 20))]),
+    ("windmills", "windmill", [("mill", "TEXT", _indexed("{} Mill {}", ["Zephyr", "Gale", "Breeze"])),
+                               ("grinds", "TEXT", _pick(["grain", "pepper", "linseed"])),
+                               ("sails", "INTEGER", _int(4, 8)), ("erected", "INTEGER", _int(1600, 1950))]),
+    ("reptiles", "reptile", [("specimen", "TEXT", _indexed("{} {}", ["Gecko", "Iguana", "Skink"])),
+                             ("habitat", "TEXT", _pick(["desert", "jungle", "swamp"])),
+                             ("length_cm", "REAL", _real(5, 600)), ("lifespan", "INTEGER", _int(2, 150))]),
+    ("fossils", "fossil", [("catalogue", "TEXT", _indexed("Fossil {} {}", ["Trilobite", "Ammonite", "Raptor"])),
+                           ("era", "TEXT", _pick(["jurassic", "triassic", "cretaceous"])),
+                           ("weight_g", "REAL", _real(1, 90000)), ("excavated", "INTEGER", _int(1850, 2024))]),
+    ("canals", "canal", [("waterway", "TEXT", _indexed("{} Canal {}", ["Heron", "Otter", "Kingfisher"])),
+                         ("locks", "INTEGER", _int(0, 80)), ("width", "REAL", _real(3, 50)),
+                         ("navigable", "INTEGER", _pick([0, 1]))]),
+    ("quarries", "quarry", [("pit", "TEXT", _indexed("{} Pit {}", ["Marble", "Flint", "Chalk"])),
+                            ("mineral", "TEXT", _pick(["sandstone", "dolomite", "shale"])),
+                            ("annual_output", "INTEGER", _int(1000, 900000)), ("workers", "INTEGER", _int(3, 400))]),
+    ("tapestries", "tapestry", [("motif", "TEXT", _indexed("{} {}", ["Unicorn", "Griffin", "Stag"])),
+                                ("weave", "TEXT", _pick(["wool", "silk", "linen"])),
+                                ("woven", "INTEGER", _int(1300, 1900)), ("knots", "INTEGER", _int(1000, 900000))]),
+    ("pharmacies", "pharmacy", [("dispensary", "TEXT", _indexed("{} Chemist {}", ["Elm", "Birch", "Maple"])),
+                                ("district", "TEXT", _pick(["uptown", "harbourside", "suburb"])),
+                                ("prescriptions", "INTEGER", _int(100, 90000)),
+                                ("pharmacists", "INTEGER", _int(1, 12))]),
+    ("aquariums", "aquarium", [("tank", "TEXT", _indexed("Tank {} {}", ["Coral", "Kelp", "Lagoon"])),
+                               ("biome", "TEXT", _pick(["shoal", "estuary", "abyss"])),
+                               ("salinity", "REAL", _real(0, 40)), ("fish", "INTEGER", _int(5, 900))]),
+]
+
+class HeldOutSet(NamedTuple):
+    split: str  # validation: for every design choice | test: touched only to report
+    prefix: str  # its databases are <prefix>_00, <prefix>_01, ...
+    entities: list  # the vocabulary they are drawn from
+    question_seed: int  # its questions are synthesized at the run's seed + this
+
+
+# The held-out sets of generated databases. `*-seen-types`: new databases (rows and values) built from the
+# training databases' table types; `*-unseen-names`: table and column names and text values no training database
+# has. `val-seen-types` is the held-out set every earlier design was chosen on (`gen_eval_*`, questions at
+# seed + 10000); the test sets' database ids and question seed were never used before they were drawn.
+HELD_OUT_SETS: dict[str, HeldOutSet] = {
+    "val-seen-types": HeldOutSet("validation", "gen_eval", ENTITIES, 10_000),
+    "val-unseen-names": HeldOutSet("validation", "unseen_val", UNSEEN_VALIDATION_ENTITIES, 10_000),
+    "test-seen-types": HeldOutSet("test", "gen_test", ENTITIES, 30_000),
+    "test-unseen-names": HeldOutSet("test", "unseen_test", UNSEEN_TEST_ENTITIES, 30_000),
+}
+
+
+def held_out_db_ids(name: str, n: int) -> list[str]:
+    """The `n` generated databases of held-out set `name` (a key of HELD_OUT_SETS)."""
+    return [f"{HELD_OUT_SETS[name].prefix}_{i:02d}" for i in range(n)]
+
+
+def _entities_for(db_id: str) -> list:
+    """The entity vocabulary a generated database draws from: its held-out set's, else the training one."""
+    for held_out in HELD_OUT_SETS.values():
+        if db_id.startswith(held_out.prefix + "_"):
+            return held_out.entities
+    return ENTITIES
+
+
 def random_schema(db_id: str, seed: int = 0) -> list:
-    """A 3-table schema drawn from ENTITIES, in `SCHEMAS` format: the 2nd and 3rd tables reference earlier ones."""
+    """A 3-table schema drawn from its vocabulary's entities (`_entities_for`), in `SCHEMAS` format: the 2nd and
+    3rd tables reference earlier ones."""
     rng = random.Random(f"schema:{db_id}:{seed}")
-    picked = rng.sample(ENTITIES, 3)
+    picked = rng.sample(_entities_for(db_id), 3)
     sizes = [rng.randint(40, 200), rng.randint(100, 400), rng.randint(200, 900)]
     tables = []
     for k, ((table, _singular, columns), n) in enumerate(zip(picked, sizes)):
@@ -217,10 +324,6 @@ def random_schema(db_id: str, seed: int = 0) -> list:
             cols.insert(rng.randint(0, len(cols)), (f"{ref_singular}_id", "INTEGER", _fk(sizes[j]), ref_table))
         tables.append((table, n, [c if len(c) == 4 else (*c, None) for c in cols]))
     return tables
-
-
-def synthetic_db_ids(n: int) -> list[str]:
-    return [f"synth_{i:02d}" for i in range(n)]
 
 
 def _create_sql(table: str, columns) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from data_synthesis.demo_dbs import HELD_OUT_SETS, held_out_db_ids
 from sirius_train.algorithms.entropy import ENTROPY_MODES
 
 
@@ -33,7 +34,10 @@ class DataConfig:
     train_dbs: list[str] = field(default_factory=lambda: ["retail", "university", "library"])
     eval_dbs: list[str] = field(default_factory=lambda: ["clinic", "flights"])  # held out: never trained on
     generated_train_dbs: int = 0  # extra procedurally generated train databases (gen_train_00, ...)
-    generated_eval_dbs: int = 0  # extra procedurally generated held-out databases (gen_eval_00, ...)
+    generated_eval_dbs: int = 0  # procedurally generated held-out databases per set of `eval_sets`
+    # held-out sets of generated databases (data_synthesis.demo_dbs.HELD_OUT_SETS), each evaluated after every
+    # phase; the first, which `eval_dbs` join, is the run's held-out EX (`eval_exec_acc`)
+    eval_sets: list[str] = field(default_factory=lambda: ["val-seen-types"])
     pool_files: list[str] = field(default_factory=list)  # extra examples (our JSONL) added to the train pool
     synth_per_db: int = 300  # synthesized examples per train database
     synth_rules: list[str] = field(default_factory=list)  # synthesis rules to use (empty: all)
@@ -53,8 +57,24 @@ class DataConfig:
     def all_train_dbs(self) -> list[str]:
         return list(self.train_dbs) + [f"gen_train_{i:02d}" for i in range(self.generated_train_dbs)]
 
+    def held_out_sets(self) -> dict[str, list[str]]:
+        """Held-out database ids per set of `eval_sets`, in order: the first (the run's headline) and those with any."""
+        first = self.eval_sets[0]
+        sets = {name: held_out_db_ids(name, self.generated_eval_dbs) for name in self.eval_sets}
+        sets[first] = [*self.eval_dbs, *sets[first]]
+        return {name: dbs for name, dbs in sets.items() if dbs or name == first}
+
+    def validation_sets(self) -> dict[str, list[str]]:
+        """The generated validation sets a run's test sets are drawn apart from (none without a test set)."""
+        if not any(HELD_OUT_SETS[name].split == "test" for name in self.eval_sets):
+            return {}
+        return {name: held_out_db_ids(name, self.generated_eval_dbs) for name, s in HELD_OUT_SETS.items()
+                if s.split == "validation"}
+
     def all_eval_dbs(self) -> list[str]:
-        return list(self.eval_dbs) + [f"gen_eval_{i:02d}" for i in range(self.generated_eval_dbs)]
+        """Every held-out database a run reads: its evaluated sets' and the validation sets its test sets avoid."""
+        sets = [*self.held_out_sets().values(), *self.validation_sets().values()]
+        return list(dict.fromkeys(db for dbs in sets for db in dbs))
 
 
 @dataclass
@@ -401,6 +421,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("data.synth_where", cfg.data.synth_where, "a scale in [0, 1]")
     if not 0 <= cfg.data.sft_flaw_share <= 1:
         bad("data.sft_flaw_share", cfg.data.sft_flaw_share, "a share in [0, 1]")
+    unknown_sets = [name for name in cfg.data.eval_sets if name not in HELD_OUT_SETS]
+    if unknown_sets or not cfg.data.eval_sets or len(set(cfg.data.eval_sets)) < len(cfg.data.eval_sets):
+        bad("data.eval_sets", cfg.data.eval_sets, f"one or more distinct held-out sets of {list(HELD_OUT_SETS)}")
     overlap = set(cfg.data.all_train_dbs()) & set(cfg.data.all_eval_dbs())
     if overlap:
         bad("data.eval_dbs", cfg.data.eval_dbs, f"held-out databases must not be trained on: {sorted(overlap)}")

@@ -22,7 +22,8 @@ def plot_run(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     rows = list(iter_jsonl(run_dir / "metrics.jsonl"))
     steps = [r for r in rows if "reward_mean" in r]
-    evals = {r["stage"]: r for r in rows if r.get("eval") == "final"}  # insertion order: the phases' order
+    # insertion order: the phases' order; `<phase>@<set>` rows are the other held-out sets', the first set's is shown
+    evals = {r["stage"]: r for r in rows if r.get("eval") == "final" and "@" not in r["stage"]}
     panels = PANELS if steps else ()
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * (len(panels) + 1), 3.4), squeeze=False)
     axes = axes[0]

@@ -17,7 +17,7 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -48,7 +48,7 @@ class Backend(Protocol):
         """Train one DAPO stage on the curriculum parquet; returns the final checkpoint folder."""
 
     def evaluate(self, model: Path, data: RunData, stage: str) -> dict:
-        """Held-out execution accuracy of `model` (`eval_exec_acc`, ...)."""
+        """Execution accuracy of `model` on `data.eval_set` (`eval_exec_acc`, ...)."""
 
 
 @dataclass
@@ -59,6 +59,7 @@ class RunData:
     eval_set: list[Example]
     prompt_format: PromptFormat
     compare: str
+    eval_sets: dict[str, list[Example]] = field(default_factory=dict)  # every held-out set; the first is eval_set
 
 
 def prompt_format(cfg: RunConfig) -> PromptFormat:
@@ -95,7 +96,8 @@ def eval_max_new_tokens(cfg: RunConfig) -> int:
 
 
 def prepare_data(cfg: RunConfig) -> RunData:
-    """Build (or reload) the pools: written once under `run_dir/data`, so a resumed run trains on the same data."""
+    """Build (or reload) the pools and held-out sets: written once under `run_dir/data` (`eval.jsonl` the first
+    held-out set, `eval-<set>.jsonl` the others), so a resumed run trains and is evaluated on the same data."""
     from data_synthesis.demo_dbs import build_demo_dbs
     from data_synthesis.sqlgen.flaws import check_kinds, inject_flaws
     from data_synthesis.sqlgen.rules import RULES
@@ -103,7 +105,7 @@ def prepare_data(cfg: RunConfig) -> RunData:
 
     d = cfg.data
     db_root = Path(d.db_root)
-    train_dbs, eval_dbs = d.all_train_dbs(), d.all_eval_dbs()
+    train_dbs, eval_dbs, held_out = d.all_train_dbs(), d.all_eval_dbs(), d.held_out_sets()
     if d.build_demo_dbs:
         build_demo_dbs(db_root, db_ids=[*train_dbs, *eval_dbs], seed=0)
     missing = [db for db in [*train_dbs, *eval_dbs] if not (db_root / db / f"{db}.sqlite").is_file()]
@@ -111,8 +113,9 @@ def prepare_data(cfg: RunConfig) -> RunData:
         raise FileNotFoundError(f"no database file for {missing} under {db_root} (expected <db_id>/<db_id>.sqlite; "
                                 "set data.db_root, or data.build_demo_dbs=true for the demo databases)")
     data_dir = cfg.run_dir / "data"
-    files = {name: data_dir / f"{name}.jsonl" for name in ("sft", "rl", "eval")}
-    if not all(f.is_file() for f in files.values()):
+    files = {name: data_dir / f"{name}.jsonl" for name in ("sft", "rl")}
+    set_files = {name: data_dir / ("eval.jsonl" if i == 0 else f"eval-{name}.jsonl") for i, name in enumerate(held_out)}
+    if not all(f.is_file() for f in [*files.values(), *set_files.values()]):
         unknown = set(d.synth_rules) - {r.name for r in RULES}
         if unknown:
             raise ValueError(f"data.synth_rules has unknown rule(s) {sorted(unknown)}; known: {[r.name for r in RULES]}")
@@ -132,14 +135,55 @@ def prepare_data(cfg: RunConfig) -> RunData:
         # held out means no training query or question either: a question asked of a training database (the
         # same entity table can occur in both) would be answered from memory, not by reading the schema; a
         # flawed demo's SQL counts as trained too (MIN written for "maximum" is the gold of "minimum")
-        trained_sql = {e.gold_sql for e in pool + sft}
-        trained_questions = {e.question for e in pool}
-        eval_set = [e for db in eval_dbs for e in synth(db, d.eval_per_db, cfg.seed + 10_000, avoid=trained_sql)
-                    if e.question not in trained_questions]
-        for name, rows in (("sft", sft), ("rl", pool if d.rl_pool == "all" else rest), ("eval", eval_set)):
-            write_examples(files[name], rows)
-    return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), read_examples(files["eval"]),
-                   prompt_format(cfg), d.compare)
+        trained = ({e.gold_sql for e in pool + sft}, {e.question for e in pool})
+        write_examples(files["sft"], sft)
+        write_examples(files["rl"], pool if d.rl_pool == "all" else rest)
+        draws = draw_held_out(held_out, d.validation_sets(),
+                              lambda db, seed, avoid: synth(db, d.eval_per_db, cfg.seed + seed, avoid), trained)
+        for name, rows in draws.items():
+            write_examples(set_files[name], rows)
+    eval_sets = {name: read_examples(path) for name, path in set_files.items()}
+    return RunData(db_root, read_examples(files["sft"]), read_examples(files["rl"]), next(iter(eval_sets.values())),
+                   prompt_format(cfg), d.compare, eval_sets)
+
+
+def draw_held_out(held_out: dict[str, list[str]], validation: dict[str, list[str]], synth, trained: tuple[set, set]
+                  ) -> dict[str, list[Example]]:
+    """Each held-out set's questions, synthesized by `synth(db, seed, avoid_sql)` at its own seed, none with a
+    trained query or question (`trained`: SQL, questions). A test set also avoids those of the `validation` sets:
+    the seen-types sets share table types, and a test question must be one no design choice has seen."""
+    from data_synthesis.demo_dbs import HELD_OUT_SETS
+
+    def draw(name: str, dbs: list[str], sql: set[str], questions: set[str]) -> list[Example]:
+        return [e for db in dbs for e in synth(db, HELD_OUT_SETS[name].question_seed, sql)
+                if e.question not in questions]
+
+    val = {name: draw(name, dbs, *trained) for name, dbs in validation.items()}
+    seen = (trained[0] | {e.gold_sql for rows in val.values() for e in rows},
+            trained[1] | {e.question for rows in val.values() for e in rows})
+    return {name: val[name] if validation.get(name) == dbs else
+            draw(name, dbs, *(seen if HELD_OUT_SETS[name].split == "test" else trained))
+            for name, dbs in held_out.items()}
+
+
+def evaluate_phase(backend: Backend, model: Path, data: RunData, phase: str) -> dict:
+    """A phase's held-out figures: the first set's (`eval_exec_acc`, ...), and with several sets each one's EX
+    (`eval_sets`; the others are logged as stage `<phase>@<set>`)."""
+    figures = backend.evaluate(model, data, phase)
+    if len(data.eval_sets) > 1:
+        first, *others = data.eval_sets
+        figures["eval_sets"] = {first: figures["eval_exec_acc"], **{
+            name: backend.evaluate(model, replace(data, eval_set=data.eval_sets[name]), f"{phase}@{name}")[
+                "eval_exec_acc"] for name in others}}
+    return figures
+
+
+def held_out_line(info: dict) -> str:
+    """`after sft: held-out EX = 29.8%`, and with several held-out sets each one's EX, named."""
+    sets = info.get("eval_sets")
+    if not sets:
+        return f"after {info['phase']}: held-out EX = {info['eval_exec_acc']:.1%}"
+    return f"after {info['phase']}: held-out EX " + ", ".join(f"{name} {acc:.1%}" for name, acc in sets.items())
 
 
 def check_pools(cfg: RunConfig, data: RunData, sft_only: bool) -> None:
@@ -207,9 +251,12 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     t_start = time.monotonic()
     data = prepare_data(cfg)
     check_pools(cfg, data, sft_only)
+    held_out = cfg.data.held_out_sets()
+    sets = "" if len(held_out) < 2 else " (" + ", ".join(f"{name} {len(data.eval_sets[name])} on {len(dbs)}"
+                                                         for name, dbs in held_out.items()) + ")"
     stderr.print(f"[bold]run[/] {run_dir}: {len(data.sft_pool)} SFT / {len(data.rl_pool)} RL examples on "
-                 f"{len(cfg.data.all_train_dbs())} databases; {len(data.eval_set)} held-out questions on "
-                 f"{len(cfg.data.all_eval_dbs())} other databases")
+                 f"{len(cfg.data.all_train_dbs())} databases; {sum(map(len, data.eval_sets.values()))} held-out "
+                 f"questions on {sum(map(len, held_out.values()))} other databases{sets}")
     summary = {"run": str(run_dir), "phases": []}
 
     base_dir = run_dir / "base"
@@ -225,14 +272,14 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         if (info := _done(sft_dir)) is None:
             t0 = time.monotonic()
             model, figures = backend.sft(data, model, sft_dir)
-            figures.update(backend.evaluate(model, data, "sft"))
+            figures.update(evaluate_phase(backend, model, data, "sft"))
             info = {"phase": "sft", "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
             _mark_done(sft_dir, info)
         write_phase_card(cfg, data, info)
         stop_if_preempted(f"stopped after SFT and its evaluation ({sft_dir / 'DONE.json'} written)")
         model = Path(info["model"])
         summary["phases"].append(info)
-        stderr.print(f"after SFT: held-out EX = {info['eval_exec_acc']:.1%}")
+        stderr.print(held_out_line(info))
 
     for index, stage in enumerate([] if sft_only else cfg.stages, start=1):
         stage_dir = run_dir / f"stage{index}"
@@ -265,7 +312,7 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
                 skipped = empty_curriculum_message(stage.name, len(pool_rates), curriculum.report["dropped"], model)
                 stderr.print(f"[yellow]warning:[/] {skipped}")
                 model_out = model
-            figures = backend.evaluate(model_out, data, stage.name)
+            figures = evaluate_phase(backend, model_out, data, stage.name)
             info = {"phase": stage.name, "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
                     "curriculum_seconds": round(t_curriculum, 1), "curriculum": str(paths["parquet"]),
                     "pool_mean_pass_rate": sum(pool_rates) / max(len(pool_rates), 1),
@@ -275,10 +322,12 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         stop_if_preempted(f"stopped after {stage.name} and its evaluation ({stage_dir / 'DONE.json'} written)")
         model = Path(info["model"])
         summary["phases"].append(info)
-        stderr.print(f"after {info['phase']}: held-out EX = {info['eval_exec_acc']:.1%}")
+        stderr.print(held_out_line(info))
 
     summary["final_model"] = str(model)
     summary["eval_exec_acc"] = {p["phase"]: p["eval_exec_acc"] for p in summary["phases"]}
+    if len(data.eval_sets) > 1:
+        summary["eval_sets"] = {p["phase"]: p["eval_sets"] for p in summary["phases"] if "eval_sets" in p}
     summary["wall_seconds_this_invocation"] = round(time.monotonic() - t_start, 1)
     summary["config"] = asdict(cfg)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NANO = ROOT / "configs" / "nano.yaml"
 # A small slice of the nano config: fewer databases, examples and epochs; one thread (fast on a busy machine).
 SMALL = ["threads=1", "logging.plots=false", "data.generated_train_dbs=4", "data.synth_per_db=30",
-         "data.generated_eval_dbs=1", "data.eval_per_db=20", "sft.epochs=10", "sft.batch_size=16",
+         "data.generated_eval_dbs=1", "data.eval_sets=[val-seen-types]", "data.eval_per_db=20", "sft.epochs=10",
+         "sft.batch_size=16",
          "data.synth_where=1.0", "data.sft_flaws=[]"]  # plain data: the demo's filter-free space is tiny at 30 per db
 
 

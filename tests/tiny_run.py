@@ -13,6 +13,7 @@ def tiny_overrides(tmp: Path, name: str = "tiny") -> list[str]:
         # one database, one rule, RL on the SFT examples too: a 100k-parameter model learns that much in seconds,
         # so the curriculum has groups whose pass rate is neither 0 nor 1
         "data.train_dbs=[retail]", "data.generated_train_dbs=0", "data.generated_eval_dbs=1",
+        "data.eval_sets=[val-seen-types]",  # one held-out database (the demo evaluates two test sets)
         "data.synth_per_db=60", "data.eval_per_db=12", "data.synth_rules=[count]", "data.sft_share=0.5",
         "data.rl_pool=all",
         # the pipeline on plain data: WHERE filters (the count rule's query space), no taught mistakes, T = 1

@@ -176,11 +176,14 @@ def print_summary(summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"held-out execution accuracy -- {summary['run']}")
+    sets = list(summary["phases"][0].get("eval_sets", {})) if summary["phases"] else []  # several held-out sets
     table.add_column("after")
-    table.add_column("EX", justify="right")
+    for name in sets or ["EX"]:
+        table.add_column(name, justify="right")
     table.add_column("seconds", justify="right")
     for phase in summary["phases"]:
-        table.add_row(phase["phase"], f"{phase['eval_exec_acc']:.1%}", f"{phase.get('seconds', 0):.0f}")
+        accs = [phase["eval_sets"][name] for name in sets] or [phase["eval_exec_acc"]]
+        table.add_row(phase["phase"], *(f"{acc:.1%}" for acc in accs), f"{phase.get('seconds', 0):.0f}")
     stderr.print(table)
     stderr.print(f"final model: {summary['final_model']}")
 
