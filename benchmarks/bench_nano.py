@@ -100,12 +100,15 @@ def train(out: Path, variant: str, seed: int, threads: int, design: list[str] = 
 
 
 def diagnose(out: Path, variant: str, seed: int, k: int) -> dict:
-    """`nano_phases.py` figures of a finished run (greedy answers and taught mistakes; pass@k / maj@k when k > 0)."""
+    """`nano_phases.py` figures of a finished run: greedy answers and taught mistakes on every held-out set; with
+    k > 0 also pass@k / maj@k at the training temperature, on the test sets and 200 fresh training-db questions."""
     run_dir = out / run_name(variant, seed)
     path = run_dir / f"phases_k{k}.json"
     if not path.is_file():
         cmd = [sys.executable, str(ROOT / "benchmarks" / "nano_phases.py"), str(run_dir), "--k", str(k),
                "--fresh", "200" if k else "0", "--json", str(path)]
+        if k:
+            cmd += ["--held-out", *(name for name in ALL_SETS if HELD_OUT_SETS[name].split == "test")]
         with open(out / f"{run_name(variant, seed)}.log", "a") as log:
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -146,7 +149,7 @@ def split_and_kind(name: str) -> tuple[str, str]:
 
 
 def report(out: Path, seeds: list[int], variants: list[str], command: str, design: list[str], diag: dict,
-           detail: dict | None) -> str:
+           detail: dict[int, dict]) -> str:
     from data_synthesis.records import read_examples
 
     data_dir = out / run_name(variants[0], seeds[0]) / "data"
@@ -189,21 +192,43 @@ def report(out: Path, seeds: list[int], variants: list[str], command: str, desig
             lines.append(
                 f"| {variant} | {seed} | "
                 + " | ".join(" / ".join(f"{ex[variant, seed][n][p]:.1f}" for p in PHASES) for n in ALL_SETS)
-                + " | " + " | ".join(" → ".join(str(mistakes(diag[variant, seed], p, n)) for p in PHASES) for n in seen)
+                + " | "
+                + " | ".join(" → ".join(str(mistakes(diag[variant, seed], p, n)) for p in PHASES) for n in seen)
                 + f" | {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
                 f"| {min(ent['stage1'] + ent['stage2']):.3f} | {sum(c > 0 for c in applied)} / {len(rows)} "
                 f"| {max(applied):.4f} | {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
     lines += ["", "![entropy per step](nano_entropy.png)", ""]
-    if detail is not None:
-        from nano_phases import markdown
-
-        lines += [f"Per phase, seed {seeds[0]}'s default run (`benchmarks/nano_phases.py`): greedy EX, mean EX of "
-                  f"{detail['k']} samples at the training temperature, pass@{detail['k']} and maj@{detail['k']}, "
-                  "on each held-out set and on 200 fresh questions over the training databases (a new seed, "
-                  "none in any pool); then, per kind of mistake the SFT demonstrations carried, the held-out "
-                  "questions it applies to and the greedy answers that are right / that reproduce the mistake.",
-                  "", markdown(detail), ""]
+    if detail:
+        lines += per_phase(detail)
     return "\n".join(lines)
+
+
+def per_phase(detail: dict[int, dict]) -> list[str]:
+    """The default runs' `nano_phases.py` figures: mean ± sd over seeds (each seed's in brackets), then seed 0's
+    failure kinds and taught mistakes."""
+    from nano_phases import markdown
+
+    seeds = list(detail)
+    k, t = detail[seeds[0]]["k"], detail[seeds[0]]["temperature"]
+    keys = {"greedy": "greedy EX", "sampled": f"sampled EX (T = {t})", "pass_at_k": f"pass@{k}", "maj_at_k": f"maj@{k}"}
+    lines = [f"Per phase, the default runs (`benchmarks/nano_phases.py`): greedy EX, the mean EX of {k} samples at "
+             f"the training temperature, pass@{k} and maj@{k} on the test sets and on 200 fresh questions over the "
+             f"training databases (a new seed, none in any pool); mean ± sd over seeds {seeds} (each seed's figure "
+             "in brackets).", "", "| phase | questions | " + " | ".join(keys.values()) + " |",
+             "|---|---|" + "---:|" * len(keys)]
+    first = detail[seeds[0]]["phases"]
+    for phase, sets in first.items():
+        for name in sets:
+            cells = []
+            for key in keys:
+                values = [100 * detail[s]["phases"][phase][name][key] for s in seeds]
+                cells.append(f"{mean_sd(values)} ({' / '.join(f'{v:.1f}' for v in values)})")
+            lines.append(f"| {phase} | {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"Seed {seeds[0]} alone (one run; the spread over seeds of its greedy EX is in the tables above): "
+              "failures by the part a wrong greedy answer got wrong, and per kind of taught mistake the questions it "
+              "applies to and the greedy answers that are right / that reproduce the mistake.", "",
+              markdown(detail[seeds[0]]), ""]
+    return lines
 
 
 def write_section(path: Path, text: str) -> None:
@@ -274,7 +299,8 @@ def main() -> None:
             train(args.out, variant, seed, args.threads, args.design)
             print(f"{variant} seed {seed}: {time.monotonic() - t0:.0f} s", flush=True)
     diag = {(v, seed): diagnose(args.out, v, seed, 0) for v in args.variants for seed in args.seeds}
-    detail = diagnose(args.out, "default", args.seeds[0], args.k) if "default" in args.variants and args.k else None
+    detail = ({seed: diagnose(args.out, "default", seed, args.k) for seed in args.seeds}
+              if "default" in args.variants and args.k else {})
     if args.train_only:
         return
     command = "python benchmarks/bench_nano.py " + " ".join(sys.argv[1:])

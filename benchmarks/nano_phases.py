@@ -233,8 +233,8 @@ def markdown(report: dict) -> str:
     phases = list(report["phases"])
     held_out = [name for name, f in report["phases"][phases[0]].items() if "flaws" in f] if phases else []
     if held_out:
-        lines += ["", "| taught mistake | held-out set | questions | " + " | ".join(f"{p}: right / mistake" for p in phases)
-                  + " |", "|---|---|---:|" + "---:|" * len(phases)]
+        lines += ["", "| taught mistake | held-out set | questions | "
+                  + " | ".join(f"{p}: right / mistake" for p in phases) + " |", "|---|---|---:|" + "---:|" * len(phases)]
         for name in held_out:
             for kind, first in report["phases"][phases[0]][name]["flaws"].items():
                 row = [f"{report['phases'][p][name]['flaws'][kind]['right']} / "
