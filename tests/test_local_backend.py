@@ -403,6 +403,8 @@ def test_sigkill_mid_stage_resumes_from_last_checkpoint(tmp_path):
     assert stage1 == list(range(1, 7)), stage1  # every step exactly once: nothing lost, nothing counted twice
     assert (run_dir / "summary.json").is_file()
     assert not list(run_dir.rglob(".step_*.tmp"))
+    table = [line.split("│")[1].strip() for line in second.stderr.splitlines() if line.startswith("│")]
+    assert table == ["sft", "stage1", "stage2"], second.stderr[-2000:]  # the final table: each phase once
 
 
 @pytest.mark.slow
