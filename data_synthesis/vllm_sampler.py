@@ -13,6 +13,7 @@ sampler is built, and its absence is a `MissingExtra` error (`data_synthesis.ext
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from data_synthesis.extras import require
@@ -51,13 +52,21 @@ class VLLMSampler:
                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                             **engine_options)
         self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
-        token_prompts = [{"prompt_token_ids": self.tokenizer(chat_text(self.tokenizer, p),
-                                                             add_special_tokens=False)["input_ids"]}
-                         for p in prompts]
+        """n answers per prompt. A prompt longer than the engine's context (`max_model_len`) gets n empty answers
+        (no SQL: a format failure when scored), said once on stderr: vLLM would refuse the whole call for it."""
+        ids = [self.tokenizer(chat_text(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        fits = [i for i, prompt in enumerate(ids) if len(prompt) <= self.max_model_len]
+        if len(fits) < len(ids):
+            print(f"warning: {len(ids) - len(fits)} of {len(ids)} prompts are longer than the vLLM engine's "
+                  f"{self.max_model_len} tokens: answered with nothing", file=sys.stderr)
         params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
                                             max_tokens=max_new_tokens, seed=None if seed is None else seed + i * n)
-                  for i in range(len(prompts))]
-        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
-        return [[c.text for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+                  for i in fits]
+        outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], params, use_tqdm=False)
+        answers = [[""] * n for _ in prompts]
+        for i, out in zip(fits, outputs):
+            answers[i] = [c.text for c in sorted(out.outputs, key=lambda c: c.index)]
+        return answers

@@ -94,7 +94,7 @@ def test_seeded_answers_do_not_depend_on_the_batch_even_when_prefill_is_chunked(
     sampler = VLLMSampler(path, max_num_batched_tokens=64, max_num_seqs=4, **ENGINE)
     try:
         together = sampler.sample(prompts, 3, temperature=1.0, max_new_tokens=16, seed=5)
-        alone = [sampler.sample([p], 3, temperature=1.0, max_new_tokens=16, seed=5 + i)[0]
+        alone = [sampler.sample([p], 3, temperature=1.0, max_new_tokens=16, seed=5 + 3 * i)[0]
                  for i, p in enumerate(prompts)]
     finally:
         del sampler.llm
@@ -145,13 +145,24 @@ def test_benchmark_engine_vllm_gives_the_hf_figures(policy, demo_db_root, tmp_pa
         out = tmp_path / engine
         result = CliRunner().invoke(app, ["benchmark", "--model", str(path), "--engine", engine, "--questions",
                                           str(pool_file), "--db-root", str(demo_db_root), "--k", "2", "--workers",
-                                          "0", "--out", str(out), "--quiet"])
+                                          "0", "--schema-style", "compact", "--schema-samples", "0",
+                                          "--system-prompt", "", "--out", str(out), "--quiet"])
         assert result.exit_code == 0, result.output
         model = json.loads((out / "benchmark.json").read_text())["models"][0]
         assert model["engine"] == engine
         figures[engine] = model["overall"]
     assert figures["vllm"]["n"] == figures["hf"]["n"] == len(pool)
     assert figures["vllm"]["greedy_ex"] == figures["hf"]["greedy_ex"]
+
+
+def test_a_prompt_past_the_engines_context_gets_empty_answers_not_a_failed_batch(vllm_sampler, capsys):
+    """vLLM refuses a whole `generate` call for one prompt longer than max_model_len (512 here): that prompt's
+    answers are empty (a format failure when scored), the others are answered as usual."""
+    short = [{"role": "user", "content": "How many customers are there?"}]
+    long = [{"role": "user", "content": "How many customers are there? " * 200}]
+    answers = vllm_sampler.sample([short, long, short], 1, temperature=0.0, max_new_tokens=8)
+    assert answers[1] == [""] and answers[0] == answers[2] and answers[0][0]
+    assert "1 of 3 prompts are longer than the vLLM engine's 512 tokens" in capsys.readouterr().err
 
 
 def test_no_two_answers_share_a_seed(vllm_sampler):
