@@ -27,6 +27,19 @@ class Sampler(Protocol):
         ...
 
 
+def request_seed(seed: int | None, i: int, n: int) -> int | None:
+    """The seed of prompt i's request for n answers, for engines that seed answer j with `request + j` (vLLM's
+    parallel sampling; an OpenAI-compatible vLLM server). Prompt i's own seed stays `seed + i` (a pool's chunk
+    starts at `seed + first index`, so a prompt's answers do not depend on its chunk); scaling it by n keeps the
+    answers of distinct prompts on distinct streams: `seed + i*n` would give chunk c+1's first prompt the streams
+    of chunk c's second.
+
+    >>> [request_seed(3, i, 4) for i in range(3)], request_seed(None, 1, 4)
+    ([12, 16, 20], None)
+    """
+    return None if seed is None else (seed + i) * n
+
+
 class HFSampler:
     """Batched sampling from a local Hugging Face causal LM.
 
@@ -115,9 +128,9 @@ class OpenAISampler:
         self.concurrency = concurrency
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
-        def one(i: int) -> list[str]:  # seed + i*n: a vLLM server seeds answer j of a request with seed + j
+        def one(i: int) -> list[str]:
             return self.client.complete(prompts[i], n=n, temperature=temperature, top_p=top_p,
-                                        max_tokens=max_new_tokens, seed=None if seed is None else seed + i * n)
+                                        max_tokens=max_new_tokens, seed=request_seed(seed, i, n))
 
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(one, range(len(prompts))))

@@ -3,9 +3,9 @@
 One engine per process (one GPU, or `tensor_parallel_size` GPUs for a 32B model); `data_synthesis.ray_sampler`
 runs one per GPU of a cluster. Prompts are rendered with the model's chat template exactly as `HFSampler`
 renders them (`chat_text`, no extra special tokens) and handed to vLLM as token ids, so both samplers answer
-the same prompt. Prompt i gets seed `seed + i*n` (as `OpenAISampler` sends them): vLLM seeds per request, so an
-answer does not depend on which other prompts share its batch, and it seeds answer j of a request with `seed + j`,
-so with `seed + i` prompt i's second answer would share its random stream with prompt i+1's first.
+the same prompt. Prompt i's request is seeded `samplers.request_seed(seed, i, n)` (as `OpenAISampler` sends it):
+vLLM seeds per request, so an answer does not depend on which other prompts share its batch, and it seeds answer j
+of a request with `request + j`, which the scaling by n keeps off every other prompt's streams.
 
 vLLM is an optional extra (`pip install 'sirius-sql[vllm]'`, CUDA machines only); it is imported when a
 sampler is built, and its absence is a `MissingExtra` error (`data_synthesis.extras`) that names the extra.
@@ -19,6 +19,7 @@ from pathlib import Path
 from data_synthesis.extras import require
 from data_synthesis.model_card import card_format
 from data_synthesis.prompts import chat_text
+from data_synthesis.samplers import request_seed
 
 
 def import_vllm():
@@ -63,7 +64,7 @@ class VLLMSampler:
             print(f"warning: {len(ids) - len(fits)} of {len(ids)} prompts are longer than the vLLM engine's "
                   f"{self.max_model_len} tokens: answered with nothing", file=sys.stderr)
         params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                            max_tokens=max_new_tokens, seed=None if seed is None else seed + i * n)
+                                            max_tokens=max_new_tokens, seed=request_seed(seed, i, n))
                   for i in fits]
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], params, use_tqdm=False)
         answers = [[""] * n for _ in prompts]

@@ -45,5 +45,5 @@ def test_openai_sampler_against_real_http():
         sampler = OpenAISampler(server.url, "m", concurrency=2)
         out = sampler.sample([render_prompt("q", "t")] * 3, 2, temperature=0.8, seed=10)
     assert out == [["```sql\nSELECT 0\n```", "```sql\nSELECT 1\n```"]] * 3
-    # n=2 per request: a vLLM server seeds answer j with seed + j, so requests are n seeds apart (no shared streams)
-    assert sorted(r["seed"] for r in server.requests) == [10, 12, 14]
+    # n=2 per request: a vLLM server seeds answer j with request + j, so prompt i's request is (10 + i) * 2
+    assert sorted(r["seed"] for r in server.requests) == [20, 22, 24]

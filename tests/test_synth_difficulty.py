@@ -55,7 +55,8 @@ def test_exact_pass_rates_over_http_and_cache_reuse(demo_db_root, tmp_path):
         assert first == len(pool)
         # the prompt is the training prompt: schema from the file, the question, one request per example
         assert prompt_for(pool[0], demo_db_root) in [r["messages"] for r in server.requests]
-        assert sorted(r["seed"] for r in server.requests) == [3 + i for i in range(len(pool))]
+        # prompt i seeded 3 + i whatever its chunk; its request seed (3 + i) * K keeps answer j on its own stream
+        assert sorted(r["seed"] for r in server.requests) == [(3 + i) * K for i in range(len(pool))]
         assert {r["n"] for r in server.requests} == {K}
         assert estimate_pass_rates(pool, sampler, demo_db_root, K, cache_path=cache, batch_size=5, seed=3) == rates
         assert len(server.requests) == first  # everything came from the cache
