@@ -94,7 +94,7 @@ def test_seeded_answers_do_not_depend_on_the_batch_even_when_prefill_is_chunked(
     sampler = VLLMSampler(path, max_num_batched_tokens=64, max_num_seqs=4, **ENGINE)
     try:
         together = sampler.sample(prompts, 3, temperature=1.0, max_new_tokens=16, seed=5)
-        alone = [sampler.sample([p], 3, temperature=1.0, max_new_tokens=16, seed=5 + 3 * i)[0]
+        alone = [sampler.sample([p], 3, temperature=1.0, max_new_tokens=16, seed=5 + i)[0]  # prompt i: seed + i
                  for i, p in enumerate(prompts)]
     finally:
         del sampler.llm
