@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+# Every Ray cluster a test starts stays on loopback: a local `ray.init()` binds the machine's network address
+# unless this is off (Ray reads it when first imported: set here, before any test imports ray; subprocesses and
+# Ray's own workers inherit it). verl's CPU platform sets the same for the runs it launches (cpu_platform.cpu_env).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "spider"
 
 # Top-level modules of the optional extras: a test (or doctest) needing one that is not installed skips.
