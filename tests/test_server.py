@@ -363,9 +363,10 @@ def documented_score_request() -> str:
     return section.split("```json\n", 1)[1].split("\n```", 1)[0]
 
 
-def test_the_documented_request_works_whatever_its_content_type(spider_root):
-    """`curl -d @request.json` sends form-urlencoded; a client may send none: the body is JSON regardless."""
-    with running_server(ServerConfig(spider_root / "databases", workers=1)) as running:
+def test_the_documented_request_works_whatever_its_content_type(demo_db_root):
+    """`curl -d @request.json` sends form-urlencoded; a client may send none: the body is JSON regardless. The
+    sample names a demo database, as a user has it after `make demo`."""
+    with running_server(ServerConfig(demo_db_root, workers=1)) as running:
         for content_type in (None, "application/x-www-form-urlencoded", "text/plain", "application/json; charset=utf-8"):
             headers = {"content-type": content_type} if content_type else {}
             response = httpx.post(running.url + "/v1/score", content=documented_score_request().encode(),
