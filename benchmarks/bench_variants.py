@@ -7,7 +7,10 @@
 `pools`: every candidate of both open pools (18 systems x 431 Spider dev questions each) is scored with
 Spider's equivalence on the shipped database (EX) and, when right there, on the shipped database plus K
 variants (the reward with `reward.variants: K`). "Caught" is the share of EX-correct candidates that are
-wrong on some variant. Variants are built fresh in a temporary cache (seed 0, the default).
+wrong on some variant. Variants are built fresh in a temporary cache (seed 0, the default). `TS-sem` scores
+every candidate as the official test-suite evaluator would on a folder holding the shipped database and the
+largest K's variants (DISTINCT removed, no tie rule): our variants under the published metric's semantics;
+`EX-sem` the same evaluator on the shipped database alone (the published EX).
 
 `cost`: (1) building K = 3 variants of each of the 10 Spider dev databases from scratch, timed per database;
 (2) the reward's throughput on the same pairs (all 15,516 pool pairs) with K = 3 and K = 0: one in-process
@@ -32,6 +35,7 @@ from _baselines import SPIDER
 from rewards.scoring import ScoreItem, Scorer
 from rewards.suites import Suite
 from rewards.variants import VariantCache
+from sirius_train.official_eval import ts_matches
 
 POOLS = ("dev_candidate_pools.jsonl", "dev_candidate_pools_b.jsonl")
 DEV_DBS = ("concert_singer", "course_teach", "cre_Doc_Template_Mgt", "dog_kennels", "museum_visit", "network_1",
@@ -54,7 +58,7 @@ def pools(spider_root: Path, ks: list[int], sample: int, seed: int) -> dict:
     plain = Scorer(db_root)
     with tempfile.TemporaryDirectory() as cache:
         scorers = {k: Scorer(db_root, suite=Suite(variants=k, cache_dir=cache)) for k in ks}
-        counts: dict = defaultdict(lambda: {"n": 0, "ex": 0, **{f"ex_v{k}": 0 for k in ks}})
+        counts: dict = defaultdict(lambda: {"n": 0, "ex": 0, **{f"ex_v{k}": 0 for k in ks}, "ex_sem": 0, "ts_sem": 0})
         caught = []
         for pool, q, c in items:
             row = counts[(pool, c["source"])]
@@ -69,6 +73,11 @@ def pools(spider_root: Path, ks: list[int], sample: int, seed: int) -> dict:
                 elif k == ks[0]:
                     caught.append({"pool": pool, "id": q["id"], "db_id": q["db_id"], "question": q["question"],
                                    "gold": q["gold_sql"], "source": c["source"], "sql": c["sql"]})
+        ts_sem = _official_semantics(db_root, Path(cache), items, max(ks))
+    ex_sem = ts_matches(db_root, [(q["db_id"], q["gold_sql"], c["sql"]) for _, q, c in items], workers=0)
+    for (pool, _, c), ex_match, ts_match in zip(items, ex_sem, ts_sem):
+        counts[(pool, c["source"])]["ex_sem"] += ex_match
+        counts[(pool, c["source"])]["ts_sem"] += ts_match
     distinct = {}
     for case in caught:
         distinct.setdefault((case["id"], " ".join(case["sql"].lower().split())), case)
@@ -79,10 +88,23 @@ def pools(spider_root: Path, ks: list[int], sample: int, seed: int) -> dict:
             "sample": [distinct[k] for k in keys[:sample]]}
 
 
+def _official_semantics(db_root: Path, cache: Path, items: list, k: int) -> list[bool]:
+    """TS as the official evaluator computes it, on a folder of the shipped databases and their first k variants."""
+    folder = cache / "ts_folder"
+    for db_id in sorted({q["db_id"] for _, q, _ in items}):
+        original = db_root / db_id / f"{db_id}.sqlite"
+        (folder / db_id).mkdir(parents=True, exist_ok=True)
+        (folder / db_id / original.name).symlink_to(original)
+        for path in VariantCache(cache).paths(original, k):
+            (folder / db_id / path.name).symlink_to(path)
+    return ts_matches(folder, [(q["db_id"], q["gold_sql"], c["sql"]) for _, q, c in items], workers=0)
+
+
 def pools_markdown(result: dict) -> str:
     ks = result["ks"]
     lines = ["| pool | system | n | EX | " + " | ".join(f"EX+V{k}" for k in ks) + " | " +
-             " | ".join(f"caught (K={k})" for k in ks) + " |", "|---|---|---:|---:|" + "---:|" * (2 * len(ks))]
+             " | ".join(f"caught (K={k})" for k in ks) + f" | EX-sem | TS-sem V{max(ks)} |",
+             "|---|---|---:|---:|" + "---:|" * (2 * len(ks) + 2)]
     totals: dict = defaultdict(lambda: defaultdict(int))
     for name, row in sorted(result["systems"].items()):
         pool, source = name.split(":", 1)
@@ -102,7 +124,8 @@ def _row(pool: str, source: str, row: dict, ks: list[int]) -> str:
     n, ex = row["n"], row["ex"]
     return (f"| {pool} | {source} | {n} | {100 * ex / n:.1f} | " +
             " | ".join(f"{100 * row[f'ex_v{k}'] / n:.1f}" for k in ks) + " | " +
-            " | ".join(f"{100 * (ex - row[f'ex_v{k}']) / max(ex, 1):.1f}%" for k in ks) + " |")
+            " | ".join(f"{100 * (ex - row[f'ex_v{k}']) / max(ex, 1):.1f}%" for k in ks) +
+            f" | {100 * row['ex_sem'] / n:.1f} | {100 * row['ts_sem'] / n:.1f} |")
 
 
 def cost(spider_root: Path, rounds: int, k: int) -> dict:
