@@ -249,3 +249,31 @@ def test_the_reward_server_applies_its_variants(tmp_path, monkeypatch):
         assert [r["match"] for r in answer["results"]] == [False, True]
         extra = {"db_id": "school", "compare": "spider"}
         assert compute_score("spider", f"```sql\n{lucky}\n```", gold, extra, reward_url=server.url)["acc"] == 0.0
+
+
+def test_reward_variants_reach_verl_and_the_local_backend_keeps_plain_ex(tmp_path):
+    """`reward.variants: K` loads, is refused below 0, reaches compute_score's kwargs on the verl backend (in-process
+    and as a server's fallback), and leaves held-out evaluation on the plain EX scorer."""
+    from sirius_train.config import ConfigError, load_config
+    from sirius_train.local.backend import LocalBackend
+    from sirius_train.verl_backend.translate import StagePaths, stage_overrides
+
+    nano = PROJECT / "configs" / "nano.yaml"
+    paths = StagePaths(train_files="/r/c.parquet", val_files="/r/e.parquet", model="/r/m", checkpoints="/r/ck",
+                       reward_fn="/code/rewards/verl_reward.py", db_root="/data/dbs", pythonpath="/code",
+                       metrics="/r/m.jsonl")
+    for extra in ([], ["reward.url=http://a:8000"]):
+        cfg = load_config(nano, ["backend=verl", "reward.variants=3", *extra])
+        overrides = dict(o.split("=", 1) for o in stage_overrides(cfg, 1, cfg.stages[0], paths))
+        assert overrides["+reward.custom_reward_function.reward_kwargs.variants"] == "3"
+    plain = load_config(nano, ["backend=verl"])
+    assert not [o for o in stage_overrides(plain, 1, plain.stages[0], paths) if "variants" in o]
+    with pytest.raises(ConfigError, match="reward.variants"):
+        load_config(nano, ["reward.variants=-1"])
+    _school(tmp_path / "dbs")
+    backend = LocalBackend(load_config(nano, ["reward.variants=2", f"data.db_root={tmp_path / 'dbs'}",
+                                              f"output_dir={tmp_path / 'runs'}"]))
+    try:
+        assert backend.executor.suite.variants == 2 and backend.eval_executor.suite.variants == 0
+    finally:
+        backend.close()
