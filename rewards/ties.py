@@ -16,6 +16,7 @@ nothing. A top-level LIMIT without ORDER BY is always undetermined.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import sqlglot
 from sqlglot import exp
@@ -30,8 +31,9 @@ class Probe:
     keys: int
 
 
-def tie_probes(gold_sql: str) -> list[Probe] | str:
-    """The probes of `gold_sql`, or UNDETERMINED (a top-level LIMIT without ORDER BY). Pure.
+@lru_cache(maxsize=8192)  # a gold is checked on every variant, for every sample of its group
+def tie_probes(gold_sql: str) -> tuple[Probe, ...] | str:
+    """The probes of `gold_sql`, or UNDETERMINED (a top-level LIMIT without ORDER BY). Pure (and cached).
 
     Example:
         >>> [p.sql for p in tie_probes("SELECT name FROM t GROUP BY id ORDER BY count(*) DESC LIMIT 1")]
@@ -39,14 +41,14 @@ def tie_probes(gold_sql: str) -> list[Probe] | str:
         >>> [(p.sql, p.cut) for p in tie_probes("SELECT min(v), name FROM t WHERE x > 1")]
         [('SELECT v FROM t WHERE x > 1 ORDER BY v ASC NULLS LAST LIMIT 2', 1)]
         >>> tie_probes("SELECT name FROM t LIMIT 3"), tie_probes("SELECT count(*) FROM t")
-        ('undetermined', [])
+        ('undetermined', ())
     """
     try:
         tree = sqlglot.parse_one(gold_sql, read="sqlite")
     except (sqlglot.errors.SqlglotError, ValueError, RecursionError):
-        return []
+        return ()
     if tree is None:
-        return []
+        return ()
     if _int(tree.args.get("limit")) is not None and not tree.args.get("order"):
         return UNDETERMINED
     probes = []
@@ -58,7 +60,7 @@ def tie_probes(gold_sql: str) -> list[Probe] | str:
         probe = _compound_probe(tree)
         if probe is not None:
             probes.append(probe)
-    return probes
+    return tuple(probes)
 
 
 def tied(probe: Probe, rows) -> bool:

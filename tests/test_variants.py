@@ -156,7 +156,7 @@ def test_tie_probes():
     assert [p.sql for p in nested] == ["SELECT sid, COUNT(*) FROM t GROUP BY sid ORDER BY COUNT(*) DESC LIMIT 2"]
     assert tie_probes("SELECT a FROM t UNION SELECT b FROM u ORDER BY 1 LIMIT 1")[0].cut == 1
     assert tie_probes("SELECT name FROM t LIMIT 1") == UNDETERMINED
-    assert tie_probes("SELECT count(*) FROM t") == [] == tie_probes("not sql at all (")
+    assert tie_probes("SELECT count(*) FROM t") == () == tie_probes("not sql at all (")
 
 
 def _scores(scorer: Scorer, gold: str, preds: list[str]) -> list[bool]:
