@@ -91,10 +91,9 @@ def variant_rows(tables: Sequence[TableData], seed: str | int) -> dict[str, list
         (True, True)
     """
     rng = random.Random(f"sirius-variant/{seed}")
-    by_name = {t.name: t for t in tables}
     built: dict[str, list[tuple]] = {}
     for table in _parents_first(tables):
-        built[table.name] = _table_rows(table, built, by_name, rng)
+        built[table.name] = _table_rows(table, built, rng)
     return built
 
 
@@ -122,9 +121,8 @@ def _parents_first(tables: Sequence[TableData]) -> list[TableData]:
 class _Column:
     """What the builder knows of one column: its values, and how a new value may be made."""
 
-    def __init__(self, values: list, unique: bool, key: bool):
-        self.values = values
-        self.unique, self.key = unique, key
+    def __init__(self, values: list, key: bool):
+        self.values, self.key = values, key
         present = [v for v in values if v is not None]
         numbers = [v for v in present if isinstance(v, (int, float)) and not isinstance(v, bool)]
         self.numeric = bool(present) and len(numbers) == len(present)
@@ -211,14 +209,15 @@ def _fresh_bytes(base: bytes, used: set) -> bytes:
     return base + bytes([k % 256]) * (1 + k // 256)
 
 
-def _table_rows(table: TableData, built: dict[str, list[tuple]], by_name: dict[str, TableData],
-                rng: random.Random) -> list[tuple]:
+def _table_rows(table: TableData, built: dict[str, list[tuple]], rng: random.Random) -> list[tuple]:
+    """One table of a variant: kept rows (a few cells resampled), clones (fresh keys and names, many cells
+    resampled), foreign keys pointed at `built` parents, rows repeating a unique set dropped."""
     original = table.rows
     if not original:
         return []
     width = len(table.columns)
     single = {u[0] for u in table.unique if len(u) == 1}
-    columns = [_Column([r[i] for r in original], i in single, i in table.keys) for i in range(width)]
+    columns = [_Column([r[i] for r in original], i in table.keys) for i in range(width)]
     fk_columns = {i for fk in table.foreign_keys for i in fk.columns}
     naming = single | {i for i, c in enumerate(columns) if _identifying(c.values)}
     free = [i for i in range(width) if i not in fk_columns and i not in naming]
@@ -260,8 +259,9 @@ def _table_rows(table: TableData, built: dict[str, list[tuple]], by_name: dict[s
 
 def _point(rows: list, repoint: list[float], fk: ForeignKey, parent_rows: list, rng: random.Random,
            exclusive: bool) -> None:
-    """Make every non-NULL reference of `fk` name a parent row: keep it (mostly, for kept rows) or re-point it.
-    A row that cannot be pointed anywhere is dropped (set to None)."""
+    """Make every non-NULL reference of `fk` name a parent row: keep it, or re-point it (with the row's chance, or
+    when its parent is gone). A row that cannot be pointed anywhere is dropped (set to None); with `exclusive`
+    (the reference is unique in its table) no two rows point at the same parent."""
     targets = list(dict.fromkeys(tuple(p[j] for j in fk.parent_columns) for p in parent_rows))
     targets = [t for t in targets if None not in t]
     existing = set(targets)
