@@ -2,7 +2,7 @@
 
     python benchmarks/bench_variants.py pools --k 3 10           # per system: EX, EX on variants, share caught
     python benchmarks/bench_variants.py pools --sample 30        # + 30 caught candidates, seeded, to read by hand
-    /work/wt/quiet python benchmarks/bench_variants.py cost       # build time per database, reward K=3 vs K=0
+    python benchmarks/bench_variants.py cost                      # build time per database, reward K=3 vs K=0
 
 `pools`: every candidate of both open pools (18 systems x 431 Spider dev questions each) is scored with
 Spider's equivalence on the shipped database (EX) and, when right there, on the shipped database plus K
@@ -15,7 +15,7 @@ largest K's variants (DISTINCT removed, no tie rule): our variants under the pub
 `cost`: (1) building K = 3 variants of each of the 10 Spider dev databases from scratch, timed per database;
 (2) the reward's throughput on the same pairs (all 15,516 pool pairs) with K = 3 and K = 0: one in-process
 `Scorer` per round (cold connection and gold caches, variants already on disk), the two settings taking turns
-round by round, medians compared. Run it under /work/wt/quiet on a shared machine.
+round by round, medians compared. Run it with no other heavy job on the machine.
 """
 
 from __future__ import annotations
