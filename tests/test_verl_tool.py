@@ -299,7 +299,9 @@ def test_cli_dry_run_prints_the_tool_config_and_writes_nothing(tmp_path, demo_db
 
     result = CliRunner().invoke(app, ["train", str(CONFIGS / "nano.yaml"), "--backend", "verl", "--dry-run",
                                       f"output_dir={tmp_path}", f"data.db_root={demo_db_root}",
-                                      "rollout.multi_turn.enabled=true"])
+                                      # nano_multiturn's observation budget: nano's 1024 positions hold 3 observations of 400
+                                      "rollout.multi_turn.enabled=true", "rollout.multi_turn.max_turns=2",
+                                      "rollout.multi_turn.max_chars=160"])
     assert result.exit_code == 0, result.output
     assert result.output.count("-- tool config (") == 2  # one per stage
     assert "class_name: sirius_train.verl_backend.sql_tool.SqlProbeTool" in result.output
