@@ -8,7 +8,7 @@ PIP    := $(PY) -m pip
 TORCH_CPU := torch==2.13.0
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: demo test test-slow test-verl-cpu install install-dev bench clean-demo
+.PHONY: demo test test-slow test-verl-cpu install install-dev bench bench-verl-cpu clean-demo
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,12 @@ test-verl-cpu: $(VERL_CPU_VENV)/.built
 	SIRIUS_REQUIRE_VERL=1 SIRIUS_REQUIRE_VLLM=1 $(VERL_CPU_VENV)/bin/python -m pytest -q -m verl_cpu -p no:cacheprovider \
 		$(VERL_CPU_TESTS)
 
+# every benchmark in .venv; bench_verl_cpu.py says it is skipped there (it needs the verl-on-CPU environment)
 bench: install-dev
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+bench-verl-cpu: $(VERL_CPU_VENV)/.built
+	$(VERL_CPU_VENV)/bin/python benchmarks/bench_verl_cpu.py
 
 clean-demo:
 	rm -rf runs/demo demo_data

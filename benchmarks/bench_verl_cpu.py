@@ -1,8 +1,11 @@
 """Seconds per DAPO step on this CPU: verl 0.9.1's trainer (`--backend verl`, `verl.device: cpu`) beside the local
-backend's `DAPOTrainer`, on the same model, prompts and stage shape. Runs in the verl-on-CPU environment:
+backend's `DAPOTrainer`, on the same model, prompts and stage shape. Runs in the verl-on-CPU environment, on an
+otherwise idle machine (the figure is a ratio of step times):
 
-    make test-verl-cpu                                          # builds .venv-verl-cpu (once)
-    /work/wt/quiet .venv-verl-cpu/bin/python benchmarks/bench_verl_cpu.py --steps 4 --rounds 2
+    make bench-verl-cpu                     # builds .venv-verl-cpu (once), then runs this with its defaults
+    .venv-verl-cpu/bin/python benchmarks/bench_verl_cpu.py --steps 4 --rounds 2
+
+Anywhere else (`make bench` runs every benchmark in .venv, which has no vLLM CPU build) it says so and exits 0.
 
 Inputs: a finished `configs/verl_cpu_smoke.yaml` run (`--run`; run once here when missing): its SFT model is the
 policy both start from, its stage-1 curriculum the prompts, its stage 1 the shape (P prompts x G answers, new
@@ -29,6 +32,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "verl_cpu_smoke.yaml"
+
+
+def missing_environment() -> str | None:
+    """Why this environment cannot run verl on this CPU (the doctor's check of `verl.device: cpu`), or None."""
+    from sirius_train.preflight import FAIL, cpu_platform_check, installed, query_gpus
+
+    if installed("verl") is None:
+        return "verl is not installed"
+    check = cpu_platform_check(query_gpus())
+    return f"{check.detail} ({check.fix})" if check.status == FAIL else None
 
 
 def ensure_run(run_dir: Path, overrides: list[str]) -> None:
@@ -76,6 +89,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_verl_cpu")
     parser.add_argument("--set", nargs="*", default=[], help="config overrides for both backends")
     args = parser.parse_args()
+    if (missing := missing_environment()) is not None:
+        print(f"bench_verl_cpu: skipped, it needs the verl-on-CPU environment (`make bench-verl-cpu`): {missing}")
+        return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from sirius_train.config import load_config
