@@ -111,3 +111,20 @@ def test_a_spider_sql_file_with_a_bad_byte_is_named_by_line(tmp_path, spider_roo
                       str(gold), "--out", str(tmp_path / "report"), "--quiet"])
     assert_one_line_exit_2(result, f"{gold}:2: not valid UTF-8 (byte 0xe9 at column 12)", "save the file as UTF-8",
                            before, tmp_path)
+
+
+def test_fixed_value_options_offer_exactly_what_the_code_accepts():
+    """Options with fixed values are typer choices (refused before anything runs, listed in --help, checked in
+    the docs by tests/test_docs.py); each offers the values the code behind it knows."""
+    from rewards.compare import CompareMode
+    from sirius_train.commands.evaluate import COMPARE, LAYOUT
+    from sirius_train.commands.select import METHOD, RERANK
+    from sirius_train.evaluation import FORMATS
+    from sirius_train.inference.pipeline import METHODS
+    from sirius_train.inference.selector import RERANK_MODES
+
+    def values(enum):
+        return [m.value for m in enum]
+
+    assert values(METHOD) == list(METHODS) and values(RERANK) == list(RERANK_MODES)
+    assert values(LAYOUT) == ["auto", *FORMATS] and values(COMPARE) == ["auto", *values(CompareMode)]

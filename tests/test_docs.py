@@ -1,35 +1,47 @@
-"""Every code block in README.md and docs/*.md works as pasted, so the docs cannot drift from the code.
+"""Every code block in README.md, docs/*.md and docs/benchmarks/*.md works as pasted, so the docs cannot drift
+from the code.
 
-Each block is tagged: `bash` (commands), `python`, `json`, `yaml`, or `text` (diagrams, output, layouts).
+Each fenced block is tagged: `bash` (commands), `python`, `json`, `yaml`, or `text` (diagrams, output, layouts).
+An indented block that starts with a `sirius` or `python` command counts as a bash block.
 - bash: lines are well formed (no comment after a `\\` continuation); every `sirius ...` command, also under
-  torchrun / deepspeed / accelerate, names a real command with real flags and its required ones (typer's own
-  click tree), its run config and `key=value` overrides load; `make` targets and `scripts/` exist.
+  torchrun / deepspeed / accelerate or `python -m sirius_train.cli`, names a real command with real flags and
+  its required ones, and every value it gives an option is one the option accepts (typer's own parameters
+  convert it: types, ranges, choices; paths are the reader's, so only their existence goes unchecked); its run
+  config and `key=value` overrides load. A `python benchmarks/X.py ...` command's arguments parse with the
+  script's own argparse parser. `make` targets and `scripts/` exist.
 - python: compiles; its project imports import.
 - json / yaml: parse; a run-config fragment loads as a RunConfig.
-- A block right after `<!-- doctest: run -->` is run for real (bash -e, or python), in order, from the root of
-  a clone after `make demo` -- here a tiny run laid out the same way (`tests/tiny_demo.py`).
+- A block right after `<!-- doctest: run -->` is run for real (bash -e, or python), in order. One that needs
+  no trained model (it names nothing under runs/demo) runs in the default suite, from a folder holding the
+  demo databases; the rest run (slow) from the root of a clone after `make demo` -- here a tiny run laid out
+  the same way (`tests/tiny_demo.py`).
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from unittest import mock
 from pathlib import Path
 
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "benchmarks").glob("*.md"))]
 TAGS = {"bash", "python", "json", "yaml", "text"}
 RUN_MARK = "<!-- doctest: run -->"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+# an indented code block (after a blank line) whose first line is a command
+INDENTED = re.compile(r"(?<=\n\n)((?: {4}(?:PYTHONPATH=\S+ )?(?:python|sirius) .*\n)(?: {4}.*\n)*)")
 PROJECT_PACKAGES = ("rewards", "data_synthesis", "sirius_train")
 LAUNCHERS = {"torchrun", "deepspeed", "accelerate"}
 
@@ -54,6 +66,10 @@ def doc_blocks() -> list[Block]:
         for m in FENCE.finditer(text):
             before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
             out.append(Block(path, text[:m.start()].count("\n") + 1, m.group(1), m.group(2), before == RUN_MARK))
+        unfenced = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # same line numbers
+        for m in INDENTED.finditer(unfenced):
+            body = "".join(line[4:] + "\n" for line in m.group(1).splitlines())
+            out.append(Block(path, unfenced[:m.start()].count("\n") + 1, "bash", body, False))
     return out
 
 
@@ -107,9 +123,23 @@ def sirius_args(argv: list[str]) -> list[str] | None:
     """The arguments after `sirius` (or `-m sirius_train.cli` / `--module sirius_train.cli`), else None."""
     if argv[0] == "sirius":
         return argv[1:]
-    if argv[0] in LAUNCHERS and "sirius_train.cli" in argv:
+    if (argv[0] in LAUNCHERS or argv[:2] == ["python", "-m"]) and "sirius_train.cli" in argv:
         return argv[argv.index("sirius_train.cli") + 1:]
     return None
+
+
+def check_value(command, param, value: str, where: str) -> None:
+    """`value` is one the parameter accepts: typer's own conversion (type, range, choices) decides. A path is
+    not looked up: it names the reader's files (runs/demo after `make demo`, data/bird/...)."""
+    import typer
+
+    if param.type_descriptor.is_path:
+        return
+    ctx = command.make_context(command.name, [], resilient_parsing=True)
+    try:
+        param.process_value(ctx, [value] if param.multiple else value)
+    except typer.BadParameter as e:
+        raise AssertionError(f"{where}: {e.format_message()}") from None
 
 
 def check_sirius(args: list[str], where: str) -> None:
@@ -133,8 +163,12 @@ def check_sirius(args: list[str], where: str) -> None:
             assert name in options, f"{where}: `{' '.join(path)}` has no option {name} (see --help)"
             assert "..." not in args[i:i + 2], f"{where}: a placeholder `...` instead of a value for {name}"
             given.add(options[name].name)
-            takes_value = not options[name].is_flag and "=" not in token
-            i += 2 if takes_value else 1
+            if options[name].is_flag:
+                i += 1
+                continue
+            value = token.split("=", 1)[1] if "=" in token else args[i + 1]
+            check_value(command, options[name], value, where)
+            i += 1 if "=" in token else 2
         else:
             positional.append(token)
             i += 1
@@ -165,11 +199,41 @@ def check_other(argv: list[str], where: str) -> None:
         assert set(argv[1:]) <= set(targets), f"{where}: Makefile has no target {set(argv[1:]) - set(targets)}"
     elif program.startswith("scripts/"):
         assert (ROOT / program).is_file() and os.access(ROOT / program, os.X_OK), f"{where}: {program} missing"
+    elif program == "python" and argv[1].startswith("benchmarks/"):
+        check_script(argv[1], argv[2:], where)
     elif program == "sbatch":
         script = next(a for a in argv[1:] if not a.startswith("-"))
         assert (ROOT / script).is_file(), f"{where}: {script} missing"
     else:
         assert program in ("pip", "echo", "cat", "ls"), f"{where}: no check for `{program}`; add one"
+
+
+class Parsed(Exception):
+    """Raised once a script's own parser accepted the arguments: the script itself does not run."""
+
+
+def check_script(script: str, args: list[str], where: str) -> None:
+    """The script exists and its argparse parser accepts `args` (its module runs as __main__ up to parse_args)."""
+    path = ROOT / script
+    assert path.is_file(), f"{where}: {script} missing"
+    real_parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, *a, **kw):
+        real_parse_args(parser, *a, **kw)
+        raise Parsed
+
+    errors = []
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop), \
+            mock.patch.object(argparse.ArgumentParser, "error", lambda parser, message: errors.append(message) or
+                              sys.exit(2)), mock.patch.object(sys, "argv", [str(path), *args]), \
+            mock.patch.object(sys, "path", [str(path.parent), *sys.path]):  # as `python script` sets it
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except Parsed:
+            return
+        except SystemExit:
+            pass
+    raise AssertionError(f"{where}: {script} refuses {' '.join(args)!r}: {'; '.join(errors) or 'it did not parse'}")
 
 
 def test_every_block_is_tagged():
@@ -251,22 +315,44 @@ def test_yaml_block_is_a_run_config_or_verl_config_fragment(block, tmp_path):
         _check_verl_fragment(value)
 
 
-@pytest.mark.timeout(2400)  # builds the shared tiny run unless another module did
-def test_run_blocks_run_as_pasted_in_a_clone_after_make_demo(tmp_path):
-    from tiny_demo import tiny_demo
+def needs_the_demo_run(block: Block) -> bool:
+    """The block reads what `make demo` trains (runs/demo/...), not only the demo databases."""
+    return "runs/demo" in block.text
 
-    root = tiny_demo()[2]
+
+def run_blocks(blocks: list[Block], root: Path, tmp_path: Path) -> list[str]:
+    """Run each block as pasted from `root`, `sirius` on the PATH as the installed entry point."""
     shim = tmp_path / "bin"
     shim.mkdir()
     (shim / "sirius").write_text(f"#!/bin/sh\nexec {sys.executable} -m sirius_train.cli \"$@\"\n")
     (shim / "sirius").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
     ran = []
-    for block in (b for b in BLOCKS if b.run):
+    for block in blocks:
         argv = ["bash", "-euo", "pipefail", "-c", block.text] if block.lang == "bash" else [sys.executable, "-c", block.text]
         done = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{block.where} failed as pasted:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         ran.append(block.where)
+    return ran
+
+
+def test_model_free_run_blocks_run_as_pasted_beside_the_demo_databases(tmp_path):
+    """The run blocks that need no trained model, from a folder holding what `make demo` builds first."""
+    from data_synthesis.demo_dbs import build_demo_dbs
+
+    root = tmp_path / "clone"
+    build_demo_dbs(root / "demo_data" / "dbs")
+    ran = run_blocks([b for b in BLOCKS if b.run and not needs_the_demo_run(b)], root, tmp_path)
+    assert len(ran) >= 3, ran
+
+
+@pytest.mark.slow  # runs the demo's models: minutes on 2 busy cores
+@pytest.mark.timeout(2400)  # builds the shared tiny run unless another module did
+def test_run_blocks_run_as_pasted_in_a_clone_after_make_demo(tmp_path):
+    from tiny_demo import tiny_demo
+
+    root = tiny_demo()[2]
+    ran = run_blocks([b for b in BLOCKS if b.run and needs_the_demo_run(b)], root, tmp_path)
     assert len(ran) >= 4, ran
     # every path into the demo's run that any block names (run or not) is one `make demo` writes
     for block in BLOCKS:
@@ -274,3 +360,35 @@ def test_run_blocks_run_as_pasted_in_a_clone_after_make_demo(tmp_path):
             name = path.split("/")[1]
             assert name in ("demo", "x") and (name == "x" or (root / path).exists()), \
                 f"{block.where}: {path} is not in a clone after `make demo` (it writes runs/demo/<phase>/model)"
+
+
+WRONG_VALUES = [
+    ("sirius select --db-root d --input i --output o --compare birdd", "'birdd' is not one of"),
+    ("sirius select --db-root d --input i --output o --rerank sometimes", "'sometimes' is not one of"),
+    ("sirius select --db-root d --input i --output o --workers two", "--workers"),
+    ("sirius synth estimate --pool p --db-root d --out o --model m --k eight", "--k"),
+    ("sirius synth estimate --pool p --db-root d --out o --model m --engine tpu", "'tpu' is not one of"),
+    ("sirius infer --db-root d --output o --db-id x --question q --specialist m --multi-turn -3", "--multi-turn"),
+    ("sirius evaluate --db-root d --pred p --gold g --format csv", "'csv' is not one of"),
+    ("python benchmarks/bench_selector.py --workers two", "invalid int value: 'two'"),
+    ("python benchmarks/bench_variants.py pool --k 3", "invalid choice: 'pool'"),
+]
+
+
+@pytest.mark.parametrize("command, says", WRONG_VALUES, ids=[c for c, _ in WRONG_VALUES])
+def test_a_documented_value_the_option_refuses_fails_the_docs(command, says):
+    """The checks behind the bash blocks read option values too, not only names (the same commands with
+    right values pass)."""
+    wrong = Block(ROOT / "README.md", 1, "bash", command + "\n", False)
+    with pytest.raises(AssertionError, match=re.escape(says)):
+        test_shell_block_commands_match_the_cli(wrong)
+
+
+def test_the_same_commands_with_values_the_options_accept_pass():
+    right = ("sirius select --db-root d --input i --output o --compare spider --rerank never --workers 0\n"
+             "sirius synth estimate --pool p --db-root d --out o --model m --k 8 --engine vllm\n"
+             "sirius infer --db-root d --output o --db-id x --question q --specialist m --multi-turn 3\n"
+             "sirius evaluate --db-root d --pred p --gold g --format spider --compare auto\n"
+             "python benchmarks/bench_selector.py --workers 2\n"
+             "python benchmarks/bench_variants.py pools --k 3 10\n")
+    test_shell_block_commands_match_the_cli(Block(ROOT / "README.md", 1, "bash", right, False))

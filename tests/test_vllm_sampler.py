@@ -49,7 +49,7 @@ def test_sirius_synth_estimate_engine_vllm_fails_in_one_line(tiny_checkpoint, de
     result = CliRunner().invoke(app, ["synth", "estimate", "--pool", str(pool), "--db-root", str(demo_db_root),
                                       "--model", str(tiny_checkpoint), "--engine", "jax", "--out",
                                       str(tmp_path / "rates.jsonl")])
-    assert result.exit_code == 2 and "--engine 'jax': use hf" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "'jax' is not one of 'hf', 'vllm'" in " ".join(result.output.split())
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (pip install 'sirius-sql[vllm]') and a CUDA GPU")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from enum import Enum
 
 import typer
 
@@ -17,6 +18,18 @@ from rewards.databases import UnknownDatabase
 # ...), missing or unwritable files and folders (OSError), an unknown database (UnknownDatabase). Not
 # LookupError as a whole: an internal KeyError / IndexError is a bug, and `error: 'x'` would hide it.
 USER_ERRORS = (ValueError, OSError, UnknownDatabase)
+
+
+def choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """An option's fixed values as a str enum, so typer lists them in --help and refuses any other value before
+    anything runs (and the docs test checks documented values against them); commands pass `.value` on.
+
+    Example:
+        >>> Rerank = choices("Rerank", ("auto", "never"))
+        >>> Rerank("never").value, [m.value for m in Rerank]
+        ('never', ['auto', 'never'])
+    """
+    return Enum(name, [(v, v) for v in values], type=str)
 
 
 def fail(message: object) -> typer.Exit:

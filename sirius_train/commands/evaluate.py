@@ -9,8 +9,11 @@ from pathlib import Path
 
 import typer
 
-from sirius_train.commands import one_line_errors
+from sirius_train.commands import choices, one_line_errors
 from sirius_train.progress import progress_bar, stderr
+
+LAYOUT = choices("Layout", ("auto", "jsonl", "bird", "spider"))  # evaluation.FORMATS and auto
+COMPARE = choices("Compare", ("auto", "bird", "spider"))  # rewards.compare.CompareMode and auto
 
 
 def register(app: typer.Typer) -> None:
@@ -20,9 +23,10 @@ def register(app: typer.Typer) -> None:
                                      file_okay=False),
         pred: Path = typer.Option(..., "--pred", help="predictions: picks.jsonl | predict_dev.json (BIRD) | pred.sql (Spider)"),
         gold: Path = typer.Option(..., "--gold", help="gold: JSONL with id, db_id, gold_sql | BIRD dev.json / dev.sql | Spider dev_gold.sql"),
-        fmt: str = typer.Option("auto", "--format", help="jsonl | bird | spider | auto (from --pred's extension)"),
-        compare: str = typer.Option("auto", "--compare",
-                                    help="bird | spider | auto (spider for the Spider layout, bird otherwise)"),
+        fmt: LAYOUT = typer.Option(LAYOUT("auto"), "--format",
+                                   help="jsonl | bird | spider | auto (from --pred's extension)"),
+        compare: COMPARE = typer.Option(COMPARE("auto"), "--compare",
+                                        help="bird | spider | auto (spider for the Spider layout, bird otherwise)"),
         difficulty_file: Path = typer.Option(None, "--difficulty-file",
                                              help="BIRD dev.json or JSONL {id, difficulty}: buckets from the dataset"),
         out: Path = typer.Option(Path("eval"), "--out", help="folder for <name>.json / .md / .png"),
@@ -42,13 +46,12 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Execution accuracy per difficulty bucket and per database (our JSONL, BIRD or Spider files)."""
-        from rewards.compare import parse_mode
         from sirius_train.evaluation import (detect_format, ex_report, load_items, markdown_report, score_items,
                                              write_report)
 
         with one_line_errors():
-            layout = detect_format(pred) if fmt == "auto" else fmt
-            mode = ("spider" if layout == "spider" else "bird") if compare == "auto" else parse_mode(compare).value
+            layout = detect_format(pred) if fmt.value == "auto" else fmt.value
+            mode = ("spider" if layout == "spider" else "bird") if compare.value == "auto" else compare.value
             items = load_items(pred, gold, layout, difficulty_file)
             stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
             with progress_bar("scoring", len(items), not quiet) as advance:

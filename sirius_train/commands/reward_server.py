@@ -10,8 +10,10 @@ from pathlib import Path
 
 import typer
 
-from sirius_train.commands import one_line_errors
+from sirius_train.commands import choices, one_line_errors
 from sirius_train.progress import stderr
+
+LOG_LEVEL = choices("LogLevel", ("critical", "error", "warning", "info", "debug", "trace"))  # uvicorn's levels
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +38,7 @@ def register(app: typer.Typer) -> None:
                                      "databases (rewards.variants; built once, cached on disk)"),
         variants_dir: Path = typer.Option(None, "--variants-dir", help="where variants are cached (default "
                                           "$SIRIUS_VARIANTS_DIR or ~/.cache/sirius-sql/variants)"),
-        log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level"),
+        log_level: LOG_LEVEL = typer.Option(LOG_LEVEL("warning"), "--log-level", help="uvicorn log level"),
     ):
         """Serve the execution reward over HTTP: POST /v1/score, POST /v1/execute, GET /health, GET /metrics."""
         from rich.table import Table
@@ -53,4 +55,4 @@ def register(app: typer.Typer) -> None:
             for key, value in config.settings().items():
                 table.add_row(key, str(value))
             stderr.print(table)
-            serve(config, host, port, log_level, announce=lambda line: stderr.print(line, soft_wrap=True))
+            serve(config, host, port, log_level.value, announce=lambda line: stderr.print(line, soft_wrap=True))

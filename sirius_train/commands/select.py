@@ -13,9 +13,11 @@ from pathlib import Path
 import typer
 
 from rewards.compare import CompareMode
-from sirius_train.commands import one_line_errors
+from sirius_train.commands import choices, one_line_errors
 from sirius_train.progress import progress_bar, stderr
 
+METHOD = choices("Method", ("hybrid", "majority"))  # pipeline.METHODS
+RERANK = choices("Rerank", ("auto", "always", "never"))  # selector.RERANK_MODES
 POOL_FIELDS = {"id": (str, int), "db_id": (str, int), "question": str, "candidates": list}
 
 
@@ -111,10 +113,12 @@ def register(app: typer.Typer) -> None:
         llm_url: str = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint for the S_rm judge (and --repair)"),
         llm_model: str = typer.Option("default", "--llm-model", help="model name sent to --llm-url"),
         compare: CompareMode = typer.Option(CompareMode.BIRD, "--compare", help="result equivalence for answer classes"),
-        method: str = typer.Option("hybrid", "--method", help="hybrid (S_maj + S_rm + gated reranker) or majority"),
+        method: METHOD = typer.Option(METHOD("hybrid"), "--method",
+                                      help="hybrid (S_maj + S_rm + gated reranker) or majority"),
         margin: float = typer.Option(None, "--margin", help="gate: near-tie margin of S_coarse (0 = reranker off)"),
         partial_weight: float = typer.Option(None, "--partial-weight", help="weight of partial row agreement in S_maj"),
-        rerank: str = typer.Option("auto", "--rerank", help="structural reranker: auto | always | never"),
+        rerank: RERANK = typer.Option(None, "--rerank", help="structural reranker: never (default, docs/INFERENCE.md) "
+                                      "| auto (when some source gave several candidates) | always"),
         repair: bool = typer.Option(False, "--repair/--no-repair",
                                     help="typed repair before selecting: structural operators, plus the LLM with --llm-url "
                                          "(corrector, and recovery when no clean candidate is left)"),
@@ -133,8 +137,8 @@ def register(app: typer.Typer) -> None:
             config = SelectorConfig(compare=compare.value,
                                     margin=defaults.margin if margin is None else margin,
                                     partial_weight=defaults.partial_weight if partial_weight is None else partial_weight,
-                                    rerank=rerank)
-            answers = select_file(db_root, input, output, config=config, method=method, llm_url=llm_url,
+                                    rerank=defaults.rerank if rerank is None else rerank.value)
+            answers = select_file(db_root, input, output, config=config, method=method.value, llm_url=llm_url,
                                   llm_model=llm_model, repair=repair, trace_path=trace, workers=workers,
                                   timeout=timeout, show_progress=not quiet)
         decided = Counter(a.selection.decided_by for a in answers)

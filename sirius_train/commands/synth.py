@@ -19,7 +19,8 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from sirius_train.commands import one_line_errors
+from rewards.compare import CompareMode
+from sirius_train.commands import choices, one_line_errors
 from sirius_train.commands.prompt_options import CONFIG, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT, resolve_format
 from sirius_train.progress import progress_bar, stderr
 
@@ -33,15 +34,16 @@ TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0)
 MAX_NEW = typer.Option(512, "--max-new-tokens", min=1)
 SEED = typer.Option(0, "--seed")
 BATCH = typer.Option(8, "--batch-size", min=1, help="examples per sampler call")
-COMPARE = typer.Option("bird", "--compare", help="result equivalence: bird | spider")
+COMPARE = typer.Option(CompareMode.BIRD, "--compare", help="result equivalence: bird | spider")
 POLICY = typer.Option("", "--policy", help="tag naming the policy in the cache key (e.g. checkpoint + step)")
 WORKERS = typer.Option(0, "--workers", min=0, help="sandboxed scoring processes (0 = in-process)")
 DB_ROOT = typer.Option(..., "--db-root", help="folder with <db_id>/<db_id>.sqlite")
 LLM_URL = typer.Option(None, "--llm-url", help="OpenAI-compatible endpoint that writes questions")
 LLM_MODEL = typer.Option(None, "--llm-model", help="model name at --llm-url")
 QUIET = typer.Option(False, "--quiet", help="no progress bars")
-ENGINE = typer.Option("hf", "--engine", help="with --model: hf (transformers generate) or vllm (offline vLLM "
-                                             "engine, CUDA; pip install 'sirius-sql\\[vllm]')")  # "\\[": rich would read [vllm] as markup
+ENGINES = choices("Engine", ("hf", "vllm"))  # sampler_factory's engines
+ENGINE = typer.Option(ENGINES("hf"), "--engine", help="with --model: hf (transformers generate) or vllm (offline "
+                                                     "vLLM engine, CUDA; pip install 'sirius-sql\\[vllm]')")  # "\\[": rich would read [vllm] as markup
 TENSOR_PARALLEL = typer.Option(1, "--tensor-parallel", min=1, help="vllm: GPUs one engine spans (2-4 for 32B)")
 RAY_ACTORS = typer.Option(0, "--ray-actors", min=0, help="generate on N Ray actors, one engine each (ray.init: "
                                                          "RAY_ADDRESS or a local cluster); 0: in this process")
@@ -202,9 +204,9 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="rates JSONL to write"),
         model: Path = MODEL, url: str = URL, served_model: str = SERVED, k: int = K,
         temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
-        batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
+        batch_size: int = BATCH, compare: CompareMode = COMPARE, policy: str = POLICY, workers: int = WORKERS,
         cache: Path = typer.Option(None, "--cache", help="resume cache (default: <out>.cache.jsonl)"),
-        engine: str = ENGINE, tensor_parallel: int = TENSOR_PARALLEL, ray_actors: int = RAY_ACTORS,
+        engine: ENGINES = ENGINE, tensor_parallel: int = TENSOR_PARALLEL, ray_actors: int = RAY_ACTORS,
         gpus_per_actor: float = GPUS_PER_ACTOR,
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT,
@@ -215,6 +217,7 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.export import histogram_counts
         from data_synthesis.records import read_examples
 
+        compare, engine = compare.value, engine.value
         with one_line_errors():
             examples = read_examples(pool)
             factory = sampler_factory(model, url, served_model, batch_size * k, engine, tensor_parallel)
@@ -257,7 +260,7 @@ def register(app: typer.Typer) -> None:
         fill_rounds: int = typer.Option(2, "--fill-rounds", min=1),
         model: Path = MODEL, url: str = URL, served_model: str = SERVED, k: int = K,
         temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
-        batch_size: int = BATCH, compare: str = COMPARE, policy: str = POLICY, workers: int = WORKERS,
+        batch_size: int = BATCH, compare: CompareMode = COMPARE, policy: str = POLICY, workers: int = WORKERS,
         llm_url: str = LLM_URL, llm_model: str = LLM_MODEL,
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT,
@@ -269,6 +272,7 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.records import read_examples
         from data_synthesis.smoothing import SmoothingConfig
 
+        compare = compare.value
         with one_line_errors():
             smoothing = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
             examples = read_examples(pool)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from sirius_train.commands import fail
+from sirius_train.commands import choices, fail
 from sirius_train.progress import stderr
 
 
@@ -93,6 +93,7 @@ def on_config_change(resume_anyway: bool, fresh: bool) -> str:
     return "resume-anyway" if resume_anyway else "fresh" if fresh else "refuse"
 
 
+BACKEND = choices("Backend", ("local", "verl"))  # RunConfig.backend
 RESUME_ANYWAY_HELP = ("continue a run folder whose recorded config differs from this one (the changes apply to the "
                       "phases not yet done; the old record is kept beside it)")
 FRESH_HELP = "start the run over: an existing run folder is moved aside to RUN.replaced-TIME (nothing is deleted)"
@@ -193,7 +194,7 @@ def register(app: typer.Typer) -> None:
     def train(
         config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b_8gpu.yaml, ...)"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. stages.0.steps=10 seed=1"),
-        backend: str = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
+        backend: BACKEND = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
         dry_run: bool = typer.Option(False, "--dry-run", help="verl: print each stage's command and resolved "
                                      "verl config, validated against the installed verl; run nothing"),
         resume_anyway: bool = typer.Option(False, "--resume-anyway", help=RESUME_ANYWAY_HELP),
@@ -202,7 +203,7 @@ def register(app: typer.Typer) -> None:
         """Two-stage DAPO: curriculum from the current policy, train, re-estimate, train again; resumable."""
         from sirius_train.local.ranks import launch_world_size
 
-        cfg = _load(config, overrides, backend=backend)
+        cfg = _load(config, overrides, backend=backend and backend.value)
         if dry_run:
             print_verl_plan(cfg)
             return
