@@ -10,7 +10,7 @@ interrupted benchmark resumes, and several copies may run side by side on differ
 Each run is then diagnosed by `nano_phases.py` (greedy answers per phase and the mistakes the SFT demonstrations
 taught; for the first seed's default run also pass@k / maj@k). The report replaces the section between
 `<!-- bench_nano:begin -->` and `<!-- bench_nano:end -->` of `--md` (the whole file if it has none), and the
-entropy picture is written beside it.
+entropy picture is written beside it (`<md name>_entropy.png`).
 
     python benchmarks/bench_nano.py --seeds 0 1 2 --threads 1
     python benchmarks/bench_nano.py --seeds 0 1 2 --variants default --set reward.variants=3 \\
@@ -149,7 +149,7 @@ def split_and_kind(name: str) -> tuple[str, str]:
 
 
 def report(out: Path, seeds: list[int], variants: list[str], command: str, design: list[str], diag: dict,
-           detail: dict[int, dict]) -> str:
+           detail: dict[int, dict], picture: str) -> str:
     from data_synthesis.records import read_examples
 
     data_dir = out / run_name(variants[0], seeds[0]) / "data"
@@ -197,7 +197,7 @@ def report(out: Path, seeds: list[int], variants: list[str], command: str, desig
                 + f" | {statistics.mean(ent['stage1']):.3f} / {statistics.mean(ent['stage2']):.3f} "
                 f"| {min(ent['stage1'] + ent['stage2']):.3f} | {sum(c > 0 for c in applied)} / {len(rows)} "
                 f"| {max(applied):.4f} | {seconds['sft']:.0f} | {seconds['stage1'] + seconds['stage2']:.0f} |")
-    lines += ["", "![entropy per step](nano_entropy.png)", ""]
+    lines += ["", f"![entropy per step]({picture})", ""]
     if detail:
         lines += per_phase(detail)
     return "\n".join(lines)
@@ -285,6 +285,8 @@ def main() -> None:
         for variant in args.variants:
             target = args.out / run_name(variant, seed)
             source = args.out / run_name("default", seed)
+            if all((target / phase / "DONE.json").is_file() for phase in PHASES):
+                continue  # finished: the schedule would skip every phase (and a report reruns no training)
             if args.warm_starts and not (target / "sft" / "DONE.json").is_file():
                 source = args.warm_starts / run_name("default", seed)
                 want = warm_start_of(target, overrides(variant, seed, args.out, args.threads, args.design))
@@ -304,9 +306,10 @@ def main() -> None:
     if args.train_only:
         return
     command = "python benchmarks/bench_nano.py " + " ".join(sys.argv[1:])
-    text = report(args.out, args.seeds, args.variants, command, args.design, diag, detail)
+    picture = args.md.with_name(f"{args.md.stem}_entropy.png")  # nano.md's beside nano.md, another --md's its own
+    text = report(args.out, args.seeds, args.variants, command, args.design, diag, detail, picture.name)
     write_section(args.md, text)
-    plot(args.out, args.seeds, args.variants, args.md.with_name("nano_entropy.png"))
+    plot(args.out, args.seeds, args.variants, picture)
     print(text)
 
 
