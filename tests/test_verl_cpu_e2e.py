@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import import_verl, import_vllm
+from verl_cpu_runs import stop_ray, verl_metrics
 
 import_verl("verl")
 import_vllm()
@@ -68,30 +69,6 @@ def _train(args: list[str], env: dict[str, str], log: Path, stop_when=None) -> i
     return proc.returncode
 
 
-def _stop_ray(ray_dir: Path) -> None:
-    """Stop what is left of this run's Ray (its raylet and workers hold sockets under `ray_dir`)."""
-    import psutil
-
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if any(str(ray_dir) in part for part in p.info["cmdline"] or []):
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-    shutil.rmtree(ray_dir, ignore_errors=True)
-
-
-def _metrics(stage_dir: Path) -> dict[int, dict]:
-    """verl's own per-step metrics of one stage (its file logger), later launches of a step winning."""
-    by_step = {}
-    for part in sorted(stage_dir.glob("verl_metrics.jsonl.*")) + [stage_dir / "verl_metrics.jsonl"]:
-        if part.is_file():
-            for line in part.read_text().splitlines():
-                row = json.loads(line)
-                by_step[row["step"]] = row["data"]
-    return by_step
-
-
 @pytest.fixture(scope="module")
 def work():
     """A short folder (Ray's socket paths live under it), removed afterwards; SIRIUS_VERL_CPU_KEEP=DIR keeps the
@@ -121,7 +98,7 @@ def plain(work):
     try:
         code = _train(_plain_args(work), _env(ray_dir), work / "plain.log")
     finally:
-        _stop_ray(ray_dir)
+        stop_ray(ray_dir)
     assert code == 0, (work / "plain.log").read_text()[-6000:]
     return work / "plain"
 
@@ -131,7 +108,7 @@ def test_two_stages_of_dapo_run_on_verls_trainer(plain):
     assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
     for index, stage in ((1, "stage1"), (2, "stage2")):
         stage_dir = plain / f"stage{index}"
-        steps = _metrics(stage_dir)
+        steps = verl_metrics(stage_dir)
         assert sorted(steps) == [1, 2], steps.keys()  # two DAPO steps, each logged by verl itself
         for row in steps.values():
             assert "actor/pg_loss" in row and "critic/score/mean" in row
@@ -215,10 +192,10 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
                      .gather(-1, ids[0, len(prompt):, None])[:, 0] for name, m in models.items()}
         moved.append((logps["step1"] - logps["before"]).abs().mean().item())
     update_moved = sum(moved) / len(moved)
-    vllm_vs_actor = _metrics(stage_dir)[2]["training/rollout_probs_diff_mean"]
+    vllm_vs_actor = verl_metrics(stage_dir)[2]["training/rollout_probs_diff_mean"]
     assert update_moved > 0.01, update_moved
     assert vllm_vs_actor < update_moved / 5, (vllm_vs_actor, update_moved)
-    assert _metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
+    assert verl_metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
 
 
 @pytest.fixture(scope="module")
@@ -241,14 +218,14 @@ def served(plain, work):
                 "reward.fallback=false", f"model.path={plain / 'sft' / 'model'}", "sft.enabled=false"]
         marker = work / "served" / "stage1" / "verl_checkpoints" / "latest_checkpointed_iteration.txt"
         first = _train(args, _env(ray_dir), work / "served.log", stop_when=marker.is_file)
-        _stop_ray(ray_dir)
+        stop_ray(ray_dir)
         stopped_at = marker.read_text().strip() if marker.is_file() else None
         second = _train(args, _env(ray_dir), work / "served.log")
         import httpx
 
         served_items = httpx.get(url + "/metrics", timeout=10).text
     finally:
-        _stop_ray(ray_dir)
+        stop_ray(ray_dir)
         server.terminate()
         server.wait(timeout=60)
     found = {"first": first, "second": second, "stopped_at": stopped_at, "log": (work / "served.log").read_text(),
@@ -271,7 +248,7 @@ def test_sigterm_mid_stage_resumes_from_verls_checkpoint_to_the_same_step_count(
     assert len(launches) == 2
     assert "global_step_1" in launches[1] and "step:2 -" in launches[1] and "step:1 -" not in launches[1]
     for index in (1, 2):  # and every stage ends with the step count of the uninterrupted run
-        assert sorted(_metrics(served["run"] / f"stage{index}")) == sorted(_metrics(plain / f"stage{index}"))
+        assert sorted(verl_metrics(served["run"] / f"stage{index}")) == sorted(verl_metrics(plain / f"stage{index}"))
     summary = json.loads((served["run"] / "summary.json").read_text())
     assert [p["phase"] for p in summary["phases"]] == ["stage1", "stage2"]
 

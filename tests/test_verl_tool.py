@@ -217,8 +217,10 @@ def test_agent_loop_runs_an_episode_in_our_format(tmp_path, demo_db_root, tokeni
     assert out.response_mask == [1] * len(probe_ids) + [0] * len(obs_ids) + [1] * len(answer_ids)
     assert out.response_logprobs == [-0.5] * len(probe_ids) + [0.0] * len(obs_ids) + [-0.5] * len(answer_ids)
     assert out.num_turns == 4  # verl counts 1 + assistant turns (2) + tool turns (1)
-    # every generation stops at the end of a probe; the prompt is ours: probe instructions, no tool block
-    assert all("</sql>" in params["stop"] for _, params in policy.calls)
+    # every generation stops at the end of a probe, its text and tokens keeping `</sql>` (vLLM's option, set
+    # explicitly: the parser reads the probe from them); the prompt is ours: probe instructions, no tool block
+    assert all("</sql>" in params["stop"] and params["include_stop_str_in_output"] is True
+               for _, params in policy.calls)
     prompt = tokenizer.decode(out.prompt_ids)
     assert probe_instructions(LIMITS) in prompt and "tools:" not in prompt
     # the second generation continues from the prompt, the probe and its observation

@@ -154,9 +154,19 @@ class SqlAgentLoop(ToolAgentLoop):
         left = min(self.max_new_tokens - sum(mask), self.response_length - len(mask))
         if left <= 0:  # out of tokens after an observation: truncated
             return AgentState.TERMINATED
-        stop = [*(sampling_params.get("stop") or []), PROBE_CLOSE]  # a probe ends the turn, as locally
-        return await super()._handle_generating_state(agent_data, {**sampling_params, "stop": stop, "max_tokens": left},
+        return await super()._handle_generating_state(agent_data, self._turn_params(sampling_params, left),
                                                       ignore_termination)
+
+    def _turn_params(self, sampling_params: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+        """One turn's sampling: it stops at the end of a probe, as locally. The parser reads the probe from the
+        turn's token ids, so they must hold `</sql>`: vLLM's CPU build 0.27 keeps a stop string's tokens in
+        `token_ids` either way and drops it from the text only (tests/test_verl_cpu_multiturn.py), and the
+        explicit `include_stop_str_in_output` keeps the text and the tokens one answer on any vLLM."""
+        params = {**sampling_params, "stop": [*(sampling_params.get("stop") or []), PROBE_CLOSE],
+                  "max_tokens": max_tokens}
+        if self.rollout_config.name == "vllm":  # vLLM's SamplingParams key (SGLang's takes no such key)
+            params["include_stop_str_in_output"] = True
+        return params
 
     async def _handle_processing_tools_state(self, agent_data) -> AgentState:
         """Run the turn's probe; its observation joins the context as tokens the loss does not see."""
