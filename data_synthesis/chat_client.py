@@ -42,6 +42,13 @@ class ChatClient:
     def complete(self, messages: list[dict], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                  max_tokens: int = 512, seed: int | None = None, stop: list[str] | None = None) -> list[str]:
         """`n` completions of one chat; returns their texts in order."""
+        return self.complete_with_usage(messages, n, temperature, top_p, max_tokens, seed, stop)[0]
+
+    def complete_with_usage(self, messages: list[dict], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                            max_tokens: int = 512, seed: int | None = None, stop: list[str] | None = None
+                            ) -> tuple[list[str], dict]:
+        """`complete`'s texts, and the tokens the server reports: `prompt`, `answer` (its usage's prompt and
+        completion tokens) and `at_limit` (choices that stopped for length)."""
         body = {"model": self.model, "messages": messages, "n": n, "temperature": temperature, "top_p": top_p,
                 "max_tokens": max_tokens}
         if seed is not None:
@@ -52,12 +59,17 @@ class ChatClient:
         try:
             choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
             texts = [c["message"]["content"] or "" for c in choices]
-        except (KeyError, TypeError) as e:
+            usage = data.get("usage") or {}
+            tokens = {"prompt": int(usage.get("prompt_tokens") or 0), "answer": int(usage.get("completion_tokens") or 0),
+                      "at_limit": sum(c.get("finish_reason") == "length" for c in choices)}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise EndpointError(f"{self.base_url}: malformed chat completion response ({e!r})") from None
         if len(texts) < n:  # some servers ignore `n`; ask again for the rest
-            texts += self.complete(messages, n - len(texts), temperature, top_p, max_tokens,
-                                   None if seed is None else seed + len(texts), stop)
-        return texts
+            more, extra = self.complete_with_usage(messages, n - len(texts), temperature, top_p, max_tokens,
+                                                   None if seed is None else seed + len(texts), stop)
+            texts += more
+            tokens = {key: tokens[key] + extra[key] for key in tokens}
+        return texts, tokens
 
     def _post(self, path: str, body: dict) -> dict:
         url = self.base_url + path

@@ -12,6 +12,7 @@ candidate generation and evaluation use, whatever serves the model.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +26,27 @@ class Sampler(Protocol):
                max_new_tokens: int = 256, seed: int | None = None) -> list[list[str]]:
         """For each chat prompt, `n` completion texts (in a stable order)."""
         ...
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Tokens one prompt's request of n answers used, as the engine counted them: users size `max_new_tokens`
+    and budgets from these. Every sampler here sets `last_usage` (one per prompt of its last `sample` call)."""
+
+    prompt: int = 0  # prompt tokens (once per request: its n answers share them)
+    answer: int = 0  # tokens of the answers (the policy's own tokens in an episode)
+    answers: int = 0
+    at_limit: int = 0  # answers stopped by max_new_tokens, not by their end
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+
+def rollout_usage(rollout, n: int) -> list[TokenUsage]:
+    """Per prompt of a rollout of n answers per prompt (rows grouped by prompt)."""
+    prompt, own, cut = rollout.prompt_mask.sum(dim=1), rollout.lengths, rollout.truncated
+    return [TokenUsage(int(prompt[i]), int(own[i:i + n].sum()), n, int(cut[i:i + n].sum()))
+            for i in range(0, len(rollout.texts), n)]
 
 
 def request_seed(seed: int | None, i: int, n: int) -> int | None:
@@ -81,9 +103,10 @@ class HFSampler:
 
         if seed is not None:
             torch.manual_seed(seed)
-        texts = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
-                         max_new_tokens=max_new_tokens, batch_size=self.batch_size).texts
-        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+        rollout = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
+                           max_new_tokens=max_new_tokens, batch_size=self.batch_size)
+        self.last_usage = rollout_usage(rollout, n)
+        return [rollout.texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
 class EpisodeSampler:
@@ -112,11 +135,12 @@ class EpisodeSampler:
         if seed is not None:
             torch.manual_seed(seed)
         with SandboxProbes(self.db_root, self.limits) as probes:
-            texts = generate_episodes(self.sampler.model, self.sampler.tokenizer, prompts,
-                                      lambda i, sql: probes(db_ids[i], sql), self.limits, n=n,
-                                      temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                                      batch_size=self.sampler.batch_size).texts
-        return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
+            rollout = generate_episodes(self.sampler.model, self.sampler.tokenizer, prompts,
+                                        lambda i, sql: probes(db_ids[i], sql), self.limits, n=n,
+                                        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                                        batch_size=self.sampler.batch_size)
+        self.last_usage = rollout_usage(rollout, n)
+        return [rollout.texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 
 class OpenAISampler:
@@ -128,9 +152,11 @@ class OpenAISampler:
         self.concurrency = concurrency
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
-        def one(i: int) -> list[str]:
-            return self.client.complete(prompts[i], n=n, temperature=temperature, top_p=top_p,
-                                        max_tokens=max_new_tokens, seed=request_seed(seed, i, n))
+        def one(i: int) -> tuple[list[str], dict]:
+            return self.client.complete_with_usage(prompts[i], n=n, temperature=temperature, top_p=top_p,
+                                                   max_tokens=max_new_tokens, seed=request_seed(seed, i, n))
 
         with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(one, range(len(prompts))))
+            answers = list(pool.map(one, range(len(prompts))))
+        self.last_usage = [TokenUsage(u["prompt"], u["answer"], len(texts), u["at_limit"]) for texts, u in answers]
+        return [texts for texts, _ in answers]

@@ -19,7 +19,7 @@ from pathlib import Path
 from data_synthesis.extras import require
 from data_synthesis.model_card import card_format
 from data_synthesis.prompts import chat_text
-from data_synthesis.samplers import request_seed
+from data_synthesis.samplers import TokenUsage, request_seed
 
 
 def import_vllm():
@@ -68,6 +68,10 @@ class VLLMSampler:
                   for i in fits]
         outputs = self.llm.generate([{"prompt_token_ids": ids[i]} for i in fits], params, use_tqdm=False)
         answers = [[""] * n for _ in prompts]
+        self.last_usage = [TokenUsage(answers=n) for _ in prompts]
         for i, out in zip(fits, outputs):
-            answers[i] = [c.text for c in sorted(out.outputs, key=lambda c: c.index)]
+            choices = sorted(out.outputs, key=lambda c: c.index)
+            answers[i] = [c.text for c in choices]
+            self.last_usage[i] = TokenUsage(len(ids[i]), sum(len(c.token_ids) for c in choices), n,
+                                            sum(c.finish_reason == "length" for c in choices))
         return answers

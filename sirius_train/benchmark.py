@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -107,6 +108,24 @@ def run_phases(run_dir: Path) -> list[tuple[str, Path]]:
     return phases
 
 
+def run_inputs(run_dir: Path) -> tuple[Path, Path]:
+    """(questions, db_root) a run was evaluated on: its first held-out set (the one `eval_exec_acc` is on) and
+    its config's databases, for `--run` without `--questions` / `--db-root`."""
+    from sirius_train.run_folder import read_record
+
+    cfg = read_record(run_dir)
+    if cfg is None:
+        raise BenchmarkError(f"--run {run_dir}: not a run folder (no config.yaml)")
+    questions = run_dir / "data" / "eval.jsonl"
+    if not questions.is_file():
+        raise BenchmarkError(f"--run {run_dir}: no held-out set ({questions}); give --questions")
+    db_root = Path(cfg.data.db_root)
+    if not db_root.is_dir():
+        raise BenchmarkError(f"--run {run_dir}: its databases ({db_root}, data.db_root, relative to where it was "
+                             "trained) are not here; give --db-root")
+    return questions, db_root
+
+
 def _phase_order(name: str) -> tuple:
     fixed = {"base": 0, "sft": 1}
     return (fixed.get(name, 2), int(name[5:]) if name.startswith("stage") and name[5:].isdigit() else 0, name)
@@ -163,22 +182,62 @@ class Settings:
     multi_turn: int = 0  # probes an episode may run before its answer (0: single-turn answers)
 
 
-def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, settings: Settings) -> Path:
-    """One cache file per (model, questions, prompt, sampling): a changed setting never reuses old answers."""
-    key = json.dumps({"source": spec.source, "served": spec.served_model, "engine": spec.engine,
+def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, db_root: Path,
+               questions: list[BenchQuestion], settings: Settings, timeout_s: float) -> Path:
+    """One cache file per (model, questions, databases, prompt, sampling, scoring), each known by its contents
+    where it has some: editing the questions file, retraining into the same folder or another `--db-root` never
+    reuses old answers. A server is known by its URL and served name only (nothing to fingerprint)."""
+    from rewards.databases import resolve_db_path
+
+    key = json.dumps({"model": model_fingerprint(spec.source), "served": spec.served_model, "engine": spec.engine,
                       "format": asdict(spec.prompt_format), "temperature": spec.temperature,
-                      "max_new_tokens": spec.max_new_tokens, "questions": str(questions_file.resolve()),
-                      # single-turn keys as before multi-turn existed, so earlier caches stay valid
-                      **{k: v for k, v in asdict(settings).items() if k != "multi_turn" or v}}, sort_keys=True)
+                      "max_new_tokens": spec.max_new_tokens, "questions": file_digest(questions_file),
+                      "databases": {db: stat_fingerprint(resolve_db_path(db_root, db))
+                                    for db in sorted({q.db_id for q in questions})},
+                      "timeout_s": timeout_s, **asdict(settings)}, sort_keys=True)
     return out / f"{name}.cache" / f"{spec.label}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
 
 
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stat_fingerprint(path: Path) -> list:
+    """(size, mtime) of a file: any rewrite changes it, without reading gigabytes of weights or databases."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def model_fingerprint(source: str) -> object:
+    """A URL as given; a local model by every file of its folder (weights, tokenizer, card) or its GGUF file."""
+    path = Path(source)
+    if source.startswith(("http://", "https://")) or not path.exists():
+        return source
+    if path.is_file():
+        return {path.name: stat_fingerprint(path)}
+    return {str(f.relative_to(path)): stat_fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def file_label(text: str) -> str:
+    """`text` as a file-name part: a served name such as `Qwen/Qwen2.5-7B` becomes `Qwen_Qwen2.5-7B`.
+
+    >>> file_label("Qwen/Qwen2.5-7B-Instruct"), file_label("../a b:c"), file_label("///")
+    ('Qwen_Qwen2.5-7B-Instruct', 'a_b_c', 'model')
+    """
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", text).strip("._") or "model"
+
+
 def benchmark_model(spec: ModelSpec, questions: list[BenchQuestion], db_root: Path, settings: Settings, *,
-                    cache: Path, executor, advance=lambda n: None) -> list[dict]:
-    """One row per question (greedy SQL, sample matches, majority, selected), from the cache where it has them."""
+                    cache: Path, executor, advance=lambda n: None) -> tuple[list[dict], int]:
+    """One row per question (greedy SQL, sample matches, majority, selected, tokens), from the cache where it has
+    them; and how many questions were generated now (not read from the cache)."""
     done = _read_cache(cache)
     rows: dict[object, dict] = {}
-    sampler = None
+    sampler, generated = None, 0
     cache.parent.mkdir(parents=True, exist_ok=True)
     with cache.open("a") as sink:
         for start in range(0, len(questions), settings.batch_size):
@@ -193,8 +252,9 @@ def benchmark_model(spec: ModelSpec, questions: list[BenchQuestion], db_root: Pa
                 sink.write(json.dumps(row, default=str) + "\n")
             sink.flush()
             rows.update({q.id: r for q, r in zip(chunk, fresh)})
+            generated += len(chunk)
             advance(len(chunk))
-    return [rows[q.id] for q in questions]
+    return [rows[q.id] for q in questions], generated
 
 
 def _read_cache(path: Path) -> dict[str, dict]:
@@ -225,16 +285,19 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
     databases = {"db_ids": [q.db_id for q in chunk]} if settings.multi_turn else {}  # where episodes probe
     greedy = [texts[0] for texts in sampler.sample(prompts, 1, temperature=0.0, max_new_tokens=spec.max_new_tokens,
                                                    seed=seed, **databases)]
+    usage = sampler.last_usage
     sampled = sampler.sample(prompts, settings.n, temperature=spec.temperature, top_p=settings.top_p,
                              max_new_tokens=spec.max_new_tokens, seed=seed, **databases)
+    usage = [g + s for g, s in zip(usage, sampler.last_usage)]
     greedy_sql = [extract_sql(t) for t in greedy]
     sample_sql = [[extract_sql(t) for t in texts] for texts in sampled]
     greedy_match = [r.match for r in executor.score([ScoreItem(q.db_id, q.gold_sql, sql, settings.compare)
                                                      for q, sql in zip(chunk, greedy_sql)])]
     scored = score_samples(executor, [(q.db_id, q.gold_sql) for q in chunk], sample_sql, settings.compare,
                            settings.k)
-    rows = [{"id": q.id, "greedy_sql": g_sql, "greedy": g, "samples": matches, "majority": majority}
-            for q, g_sql, g, (matches, majority) in zip(chunk, greedy_sql, greedy_match, scored)]
+    rows = [{"id": q.id, "greedy_sql": g_sql, "greedy": g, "samples": matches, "majority": majority,
+             "tokens": asdict(tokens)}
+            for q, g_sql, g, (matches, majority), tokens in zip(chunk, greedy_sql, greedy_match, scored, usage)]
     if settings.lifecycle:
         for row, sql in zip(rows, _selected(chunk, sampled, db_root, settings, executor)):
             row["selected_sql"] = sql
@@ -290,14 +353,23 @@ def scores(questions: list[BenchQuestion], rows: list[dict]) -> list[QuestionSco
             for q, r in zip(questions, rows)]
 
 
-def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: float,
+def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: float, generated: int,
                  official: dict[str, list[float]] | None = None) -> dict:
-    """The model's figures; `official` adds per-question official metrics of its greedy answers (OFFICIAL), as
-    means overall, per bucket and per database."""
+    """The model's figures; `generated` of the questions were answered now (the rest came from the cache), so
+    `questions_per_s` is their rate (None when none was); `tokens` sums every question's greedy and sampled
+    answers (TokenUsage: prompt tokens once per request, answer tokens, answers, answers at max_new_tokens).
+    `official` adds per-question official metrics of its greedy answers (OFFICIAL), as means overall, per bucket
+    and per database."""
+    from data_synthesis.samplers import TokenUsage
+
+    tokens = sum((TokenUsage(**r["tokens"]) for r in rows), TokenUsage())
     report = {"model": spec.label, "source": spec.source, "engine": spec.engine,
+              **({"served_model": spec.served_model} if spec.served_model else {}),
               "prompt_format": asdict(spec.prompt_format), "temperature": spec.temperature,
-              "max_new_tokens": spec.max_new_tokens, "seconds": round(seconds, 1),
-              "questions_per_s": round(len(questions) / seconds, 3) if seconds > 0 else None,
+              "max_new_tokens": spec.max_new_tokens, "seconds": round(seconds, 1), "generated": generated,
+              "questions_per_s": round(generated / seconds, 3) if generated and seconds > 0 else None,
+              "tokens": {"prompt": tokens.prompt, "answer": tokens.answer, "answers": tokens.answers,
+                         "at_max_new_tokens": tokens.at_limit},
               **breakdown(scores(questions, rows), settings.k, BUCKET_ORDER)}
     for name, values in (official or {}).items():
         from sirius_train.official_metrics import group_means
@@ -342,13 +414,15 @@ def markdown(report: dict) -> str:
     lines = [f"# Benchmark {report['name']}: {report['n']} questions from {report['questions']}",
              "", f"greedy and n={report['n_samples']} samples (temperature per model below); compare={report['compare']}"
              + (f"; multi-turn episodes, up to {report['multi_turn']} probes" if report.get("multi_turn") else ""),
-             "", "| model | T | " + " | ".join(names.get(f, f) for f in shown) + " | run eval_exec_acc | q/s |",
-             "|---|---:|" + "---:|" * (len(shown) + 2)]
+             "", "| model | T | " + " | ".join(names.get(f, f) for f in shown)
+             + " | run eval_exec_acc | q/s | prompt tokens | answer tokens | answers at max_new_tokens |",
+             "|---|---:|" + "---:|" * (len(shown) + 5)]
     for m in report["models"]:
-        run_acc = m.get("run_eval_exec_acc")
+        run_acc, tokens, rate = m.get("run_eval_exec_acc"), m["tokens"], m["questions_per_s"]
         lines.append(f"| {m['model']} | {m['temperature']:g} | " + " | ".join(
             f"{100 * m['overall'][f]:.1f}%" if f in m["overall"] else "" for f in shown)
-            + f" | {'' if run_acc is None else f'{100 * run_acc:.1f}%'} | {m['questions_per_s']} |")
+            + f" | {'' if run_acc is None else f'{100 * run_acc:.1f}%'} | {'cached' if rate is None else rate} | "
+            f"{tokens['prompt']} | {tokens['answer']} | {tokens['at_max_new_tokens']} of {tokens['answers']} |")
     for title, key in (("Difficulty", "buckets"), ("Database", "databases")):
         groups = list(dict.fromkeys(g for m in report["models"] for g in m[key]))
         lines += ["", f"| {title} | n | " + " | ".join(f"{m['model']} greedy / pass@{k}" for m in report["models"])

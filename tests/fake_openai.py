@@ -2,7 +2,8 @@
 
 Only the model is fake (nothing commercial can run here); the protocol is the real one:
 `POST /v1/chat/completions` with `messages`, `n`, `temperature`..., answering `choices[].message.content`.
-`answer(messages, i)` decides the i-th completion's text. Requests are recorded for assertions.
+`answer(messages, i)` decides the i-th completion's text. Requests are recorded for assertions. Tokens are
+words split at spaces: `usage` counts them, and an answer longer than `max_tokens` is cut with reason "length".
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ class FakeOpenAIServer:
                 return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
             if self._fail_after is not None and len(self.requests) > self._fail_after:
                 return JSONResponse({"error": {"message": "quota exceeded"}}, status_code=400)
-            n = int(body.get("n", 1))
-            choices = [{"index": i, "finish_reason": "stop",
-                        "message": {"role": "assistant", "content": self.answer(body["messages"], i)}}
-                       for i in range(n)]
+            n, limit = int(body.get("n", 1)), int(body.get("max_tokens", 1 << 30))
+            # tokens are words here: an answer of more than max_tokens words is cut there ("length")
+            words = [self.answer(body["messages"], i).split(" ") for i in range(n)]
+            choices = [{"index": i, "finish_reason": "length" if len(w) > limit else "stop",
+                        "message": {"role": "assistant", "content": " ".join(w[:limit])}} for i, w in enumerate(words)]
+            prompt = sum(len(m["content"].split(" ")) for m in body["messages"])
+            completion = sum(min(len(w), limit) for w in words)
             return {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
                     "model": body.get("model", "fake"), "choices": choices,
-                    "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                              "total_tokens": prompt + completion}}
 
         @app.get("/v1/models")
         async def models():

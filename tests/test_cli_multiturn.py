@@ -83,22 +83,3 @@ def test_benchmark_multi_turn_needs_the_hf_engine(tmp_path, demo_db_root, prober
     assert result.exit_code == 2
     assert "multi-turn episodes need a local HF model" in result.output and not (tmp_path / "out").exists()
 
-
-def test_benchmark_cache_keys_single_turn_as_before(tmp_path):
-    """Multi-turn answers never reuse single-turn ones, and single-turn caches from before `multi_turn` stay valid."""
-    import hashlib
-    from dataclasses import asdict, replace
-
-    from data_synthesis.prompts import PromptFormat
-    from sirius_train.benchmark import ModelSpec, Settings, cache_path
-
-    spec = ModelSpec("m", "/models/m", "hf", PromptFormat(), 0.7, 64)
-    single = Settings(k=4, n=4, seed=0, compare="bird", lifecycle=False, batch_size=8)
-    questions = tmp_path / "q.jsonl"
-    before = {"source": spec.source, "served": spec.served_model, "engine": spec.engine,
-              "format": asdict(spec.prompt_format), "temperature": spec.temperature,
-              "max_new_tokens": spec.max_new_tokens, "questions": str(questions.resolve()),
-              **{k: v for k, v in asdict(single).items() if k != "multi_turn"}}
-    digest = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:12]
-    assert cache_path(tmp_path, "b", spec, questions, single).name == f"m-{digest}.jsonl"
-    assert cache_path(tmp_path, "b", spec, questions, replace(single, multi_turn=2)).name != f"m-{digest}.jsonl"

@@ -10,6 +10,9 @@ NANO = Path(__file__).resolve().parents[1] / "configs" / "nano.yaml"
 def tiny_overrides(tmp: Path, name: str = "tiny") -> list[str]:
     return [
         f"name={name}", f"output_dir={tmp / 'runs'}", f"data.db_root={tmp / 'dbs'}",
+        # one torch thread: on 2 cores other processes share, the nano default of 2 spins (its SFT took 255 s for
+        # 160 steps here; docs/SFT.md measured 7x on pass rates)
+        "threads=1",
         # one database, one rule, RL on the SFT examples too: a 100k-parameter model learns that much in seconds,
         # so the curriculum has groups whose pass rate is neither 0 nor 1
         "data.train_dbs=[retail]", "data.generated_train_dbs=0", "data.generated_eval_dbs=1",

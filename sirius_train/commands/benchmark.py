@@ -1,6 +1,6 @@
 """`sirius benchmark`: greedy EX, maj@k, pass@k (and selected EX) of checkpoints, per bucket and database.
 
-    sirius benchmark --run runs/demo --questions runs/demo/data/eval.jsonl --db-root demo_data/dbs
+    sirius benchmark --run runs/demo
     sirius benchmark --model runs/demo/stage2/model --model http://127.0.0.1:8000/v1 --served-model qwen \\
         --questions dev.json --db-root dev_databases --format bird --k 8 --lifecycle
 
@@ -12,6 +12,7 @@ official evaluators. Cached per chunk of questions (`<name>.cache/`): a killed b
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -19,21 +20,23 @@ import typer
 from sirius_train.commands import one_line_errors
 from sirius_train.commands.prompt_options import (CONFIG, MULTI_TURN, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT,
                                                   resolve_format)
-from sirius_train.progress import progress_bar, stderr
+from sirius_train.commands.threads import THREADS, torch_threads
+from sirius_train.progress import heartbeat, progress_bar, stderr
 
 DEFAULT_TEMPERATURE = 0.8  # for a model whose card names no training temperature
 DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def model_specs(models: list[str], run: Path | None, engine: str, served_model: str | None, config: Path | None,
-                temperature: float | None, max_new_tokens: int | None, prompt_flags: dict):
-    """What to benchmark: every phase of `--run`, then each `--model`, each with its prompt format and sampling."""
+                temperature: float | None, max_new_tokens: int | None, prompt_flags: dict, base: bool = False):
+    """What to benchmark: every trained phase of `--run` (and its untrained `base` with `base`), then each
+    `--model`, each with its prompt format and sampling."""
     from data_synthesis.model_card import read_card
-    from sirius_train.benchmark import ENGINES, BenchmarkError, ModelSpec, check_model_folder, run_phases
+    from sirius_train.benchmark import ENGINES, BenchmarkError, ModelSpec, check_model_folder, file_label, run_phases
 
     if engine not in ENGINES:
         raise BenchmarkError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
-    sources = [(phase, str(path)) for phase, path in run_phases(run)] if run else []
+    sources = [(phase, str(path)) for phase, path in run_phases(run) if base or phase != "base"] if run else []
     sources += [(None, m) for m in models]
     if not sources:
         raise BenchmarkError("nothing to benchmark: give --model PATH|URL (repeatable) or --run RUN_DIR")
@@ -45,13 +48,16 @@ def model_specs(models: list[str], run: Path | None, engine: str, served_model: 
         if not is_url:
             check_model_folder(Path(source))
             card = read_card(source)
-        label = phase or (card or {}).get("phase") or (served_model if is_url else Path(source).name) or "model"
-        while label in labels:
-            label += "'"
-        labels.add(label)
+        label = file_label(phase or (card or {}).get("phase") or (served_model if is_url else Path(source).name)
+                           or "model")
+        unique, i = label, 1
+        while unique in labels:
+            i += 1
+            unique = f"{label}-{i}"
+        labels.add(unique)
         sampling = (card or {}).get("sampling", {})
         specs.append(ModelSpec(
-            label, source, this_engine, resolve_format(source, config, **prompt_flags),
+            unique, source, this_engine, resolve_format(source, config, **prompt_flags),
             temperature if temperature is not None else sampling.get("temperature", DEFAULT_TEMPERATURE),
             max_new_tokens or sampling.get("eval_max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
             served_model if is_url else None, card))
@@ -61,8 +67,10 @@ def model_specs(models: list[str], run: Path | None, engine: str, served_model: 
 def register(app: typer.Typer) -> None:
     @app.command()
     def benchmark(
-        questions: Path = typer.Option(..., "--questions", help="our JSONL, Spider dev.json or BIRD dev.json"),
-        db_root: Path = typer.Option(..., "--db-root", help="folder with <db_id>/<db_id>.sqlite"),
+        questions: Path = typer.Option(None, "--questions", help="our JSONL, Spider dev.json or BIRD dev.json "
+                                                                 "(default with --run: its held-out set)"),
+        db_root: Path = typer.Option(None, "--db-root", help="folder with <db_id>/<db_id>.sqlite (default with "
+                                                             "--run: its databases)"),
         model: list[str] = typer.Option([], "--model", help="local HF folder or OpenAI-compatible URL (repeatable)"),
         run: Path = typer.Option(None, "--run", help="a run folder: benchmark every finished phase's model"),
         fmt: str = typer.Option("auto", "--format", help="auto | jsonl | spider | bird"),
@@ -85,8 +93,9 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(2, "--workers", min=0, help="sandboxed scoring processes (0 = in-process)"),
         batch_size: int = typer.Option(64, "--batch-size", min=1, help="questions per generation chunk"),
         seed: int = typer.Option(0, "--seed"),
-        threads: int = typer.Option(0, "--threads", min=0, help="torch CPU threads for local models (0: torch's "
-                                                              "default; 1 on a shared machine, docs/SFT.md)"),
+        threads: int = THREADS,
+        base: bool = typer.Option(False, "--base", help="with --run, also its untrained base model (the starting "
+                                                        "point; the nano base answers nothing right)"),
         timeout: float = typer.Option(30.0, "--timeout", help="seconds per query"),
         ves_repeats: int = typer.Option(100, "--ves-repeats", min=0, help="R-VES timings per correct greedy answer "
                                         "(BIRD's evaluator: 100; 0: no R-VES); with compare bird only"),
@@ -94,7 +103,8 @@ def register(app: typer.Typer) -> None:
                                         help="a test-suite folder (<db_id>/*.sqlite): also greedy test-suite accuracy"),
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT, multi_turn: int = MULTI_TURN,
-        quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
+        quiet: bool = typer.Option(False, "--quiet", help="no progress bars: a line per model every 30 s and at "
+                                                          "its end"),
     ):
         """Evaluate checkpoints end to end: greedy EX, maj@k, pass@k, selected EX; overall, per bucket, per db."""
         import json
@@ -102,26 +112,32 @@ def register(app: typer.Typer) -> None:
         from rewards.executor import Executor
         from rewards.sandbox import Limits
         from sirius_train.benchmark import (BenchmarkError, Settings, benchmark_model, cache_path, check_databases,
-                                            load_questions, markdown, model_report, plot, write_predictions)
+                                            file_label, load_questions, markdown, model_report, plot,
+                                            run_inputs, write_predictions)
 
         with one_line_errors():
+            if file_label(name) != name:
+                raise BenchmarkError(f"--name {name!r}: a file stem (letters, digits, . _ + -), such as "
+                                     f"{file_label(name)!r}; the folder is --out")
             if n is not None and n < k:
                 raise BenchmarkError(f"--n {n} < --k {k}: pass@k needs at least k samples per question")
+            if questions is None or db_root is None:
+                if run is None:
+                    raise BenchmarkError("give --questions and --db-root (or --run RUN_DIR: its held-out set and "
+                                         "databases)")
+                run_questions, run_db_root = run_inputs(run)
+                questions, db_root = questions or run_questions, db_root or run_db_root
             items = load_questions(questions, fmt)
             check_databases(items, db_root)
             specs = model_specs(model, run, engine, served_model, config, temperature, max_new_tokens,
                                 {"schema_style": schema_style, "schema_samples": schema_samples,
-                                 "system_prompt": system_prompt})
+                                 "system_prompt": system_prompt}, base)
             mode = compare
             if mode == "auto":
                 spider = questions.suffix == ".json" and fmt in ("auto", "spider") and \
                     str(items[0].id).startswith("spider")
                 mode = "spider" if spider else next((s.card["compare"] for s in specs if s.card and
                                                      s.card.get("compare")), "bird")
-            if threads:  # OpenMP threads on busy shared cores spin against each other (3x slower here)
-                import torch
-
-                torch.set_num_threads(threads)
             if multi_turn and (servers := [s.label for s in specs if s.engine != "hf"]):
                 raise BenchmarkError(f"--multi-turn: {', '.join(servers)} not on engine hf; multi-turn episodes need a "
                                      "local HF model: an OpenAI-compatible server or vLLM cannot run probes between "
@@ -130,18 +146,25 @@ def register(app: typer.Typer) -> None:
                                 multi_turn=multi_turn)
             out.mkdir(parents=True, exist_ok=True)
             reports = []
-            with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
+            local = any(s.engine == "hf" for s in specs)
+            with torch_threads(threads) if local else nullcontext() as set_to, \
+                    Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
+                if local:
+                    stderr.print(f"torch threads: {set_to}")
                 for spec in specs:
                     stderr.print(f"benchmark {spec.label}: {spec.source} ({spec.engine}), T={spec.temperature:g}, "
                                  f"{len(items)} questions x (greedy + {settings.n})")
                     t0 = time.monotonic()
-                    with progress_bar(spec.label, len(items), not quiet) as advance:
-                        rows = benchmark_model(spec, items, db_root, settings, executor=executor, advance=advance,
-                                               cache=cache_path(out, name, spec, questions, settings))
+                    progress = heartbeat(f"benchmark {spec.label}", len(items)) if quiet else \
+                        progress_bar(spec.label, len(items))
+                    with progress as advance:
+                        rows, generated = benchmark_model(
+                            spec, items, db_root, settings, executor=executor, advance=advance,
+                            cache=cache_path(out, name, spec, questions, db_root, items, settings, timeout))
                     seconds = time.monotonic() - t0
                     official = greedy_official(items, rows, db_root, settings.compare, executor, ves_repeats,
                                                test_suite, workers, timeout)
-                    reports.append(model_report(spec, items, rows, settings, seconds, official))
+                    reports.append(model_report(spec, items, rows, settings, seconds, generated, official))
                     write_predictions(out, f"{name}.{spec.label}", items, rows)
         report = {"name": name, "questions": str(questions), "n": len(items), "k": k, "n_samples": settings.n,
                   "compare": settings.compare, "lifecycle": lifecycle, "seed": seed, "multi_turn": multi_turn,
