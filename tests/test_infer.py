@@ -102,3 +102,57 @@ def test_infer_errors_are_clear(tmp_path, demo_db_root):
                   "--question", "q")
     assert unknown.returncode == 2 and "unknown db_id 'atlantis'" in unknown.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def _infer(*args, db_root, output):
+    return subprocess.run([sys.executable, "-m", "sirius_train.cli", "infer", "--db-root", str(db_root), "--output",
+                           str(output), *map(str, args)], capture_output=True, text=True)
+
+
+def test_quiet_infer_keeps_the_line_format_and_refuses_a_prompt_past_the_context(tmp_path, demo_db_root,
+                                                                                  specialist):
+    """The random specialist writes no SQL: every line still has row_count / preview (null) and says so; a
+    question longer than its 8192 positions is answered `too_long` before any generation; --quiet prints one line."""
+    questions = tmp_path / "q.jsonl"
+    long = "How many customers live in " + "Paris and " * 2400 + "Lisbon?"  # 24k characters, one token each
+    rows = [{"id": i, "db_id": "retail", "question": f"How many customers ({i})?"} for i in range(6)]
+    rows.insert(3, {"id": "long", "db_id": "retail", "question": long})
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "a.jsonl"
+    result = _infer("--input", questions, "--specialist", specialist, "--n-specialist", 2, "--max-new-tokens", 4,
+                    "--no-recovery", "--workers", 0, "--threads", 1, "--quiet", db_root=demo_db_root, output=out)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines() == [f"wrote {out} (7 answers, 1 too long for the model) and "
+                                                  f"{tmp_path / 'a.trace.jsonl'}"]
+    answers = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [a["id"] for a in answers] == [r["id"] for r in rows]
+    fields = ["id", "sql", "source", "score", "db_id", "question", "decided_by", "why", "status", "row_count",
+              "preview"]
+    assert all(list(a) == fields for a in answers)
+    refused = answers[3]
+    assert (refused["status"], refused["sql"], refused["decided_by"]) == ("too_long", None, "too_long")
+    assert "the specialist's context 8192: no room for an answer" in refused["why"]
+    for a in answers[:3] + answers[4:]:
+        assert a["sql"] is None and a["row_count"] is None and a["preview"] is None
+        assert a["why"] == "no candidate has SQL: none of the 2 answers held any (format failures)", a["why"]
+    traces = [json.loads(line) for line in (tmp_path / "a.trace.jsonl").read_text().splitlines()]
+    assert [t["id"] for t in traces] == [r["id"] for r in rows] and traces[3]["candidates"] == []
+
+
+def test_a_run_folder_as_specialist_names_its_phase_models(tmp_path, demo_db_root):
+    run = tmp_path / "runs" / "demo"
+    for phase in ("sft", "stage1"):
+        (run / phase / "model").mkdir(parents=True)
+        (run / phase / "DONE.json").write_text(json.dumps({"phase": phase, "model": str(run / phase / "model")}))
+    (run / "config.yaml").write_text("name: demo\n")
+    result = _infer("--specialist", run, "--db-id", "retail", "--question", "q", db_root=demo_db_root,
+                    output=tmp_path / "o.jsonl")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--specialist {run} is a run folder, not a model; its phase models are sft: {run}/sft/model; " \
+           f"stage1: {run}/stage1/model" in " ".join(result.stderr.split())
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    result = _infer("--specialist", folder, "--db-id", "retail", "--question", "q", db_root=demo_db_root,
+                    output=tmp_path / "o.jsonl")
+    assert result.returncode == 2 and "has no tokenizer" in result.stderr

@@ -9,6 +9,7 @@ Output lines: `{"id", "sql", "source", "score", "db_id", "question", "decided_by
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rewards.compare import CompareMode
 from sirius_train.commands import one_line_errors
 from sirius_train.commands.prompt_options import (CONFIG, MULTI_TURN, SCHEMA_SAMPLES, SCHEMA_STYLE, SYSTEM_PROMPT,
                                                   resolve_format)
+from sirius_train.commands.threads import THREADS, torch_threads
 from sirius_train.progress import progress_bar, stderr
 
 QUESTION_FIELDS = {"db_id": str, "question": str}
@@ -57,20 +59,53 @@ def read_few_shot(path: Path | None):
 
 
 def specialist_sampler(specialist: str, model_name: str | None):
-    """A URL means an OpenAI-compatible server (vLLM); anything else is a local HF model folder."""
+    """A URL means an OpenAI-compatible server (vLLM); anything else is a local HF model folder (a run folder
+    is named as one, with its phases' models)."""
     from data_synthesis.samplers import HFSampler, OpenAISampler
+    from sirius_train.benchmark import BenchmarkError, check_model_folder, run_phases
 
     if specialist.startswith(("http://", "https://")):
         if not model_name:
             raise ValueError("--specialist is a URL: also give --specialist-model (the name the server serves)")
         return OpenAISampler(specialist, model_name)
+    if (Path(specialist) / "config.yaml").is_file():
+        try:
+            phases = run_phases(Path(specialist))
+        except BenchmarkError:
+            phases = []
+        models = "; ".join(f"{phase}: {path}" for phase, path in phases) or "none finished yet"
+        raise ValueError(f"--specialist {specialist} is a run folder, not a model; its phase models are {models} "
+                         "(the last phase's is the trained specialist)")
+    check_model_folder(Path(specialist))
     return HFSampler(specialist)
+
+
+def too_long(generator, question) -> str | None:
+    """Why `question`'s prompt cannot go to `generator`'s local model (None when it fits or the context is
+    unknown, as behind a server): it would fill the model's context before the first answer token (a 23k-character
+    question ran 2 minutes on the nano model for a null answer)."""
+    from data_synthesis.prompts import chat_text
+    from data_synthesis.samplers import EpisodeSampler, HFSampler
+    from sirius_train.inference.candidates import build_prompt
+
+    sampler = generator.sampler.sampler if isinstance(generator.sampler, EpisodeSampler) else generator.sampler
+    context = getattr(sampler.model.config, "max_position_embeddings", None) if isinstance(sampler, HFSampler) \
+        else None
+    if context is None:
+        return None
+    prompt = build_prompt(question, generator.few_shot, None, generator.prompt_format)
+    tokens = len(sampler.tokenizer(chat_text(sampler.tokenizer, prompt), add_special_tokens=False)["input_ids"])
+    if tokens < context:
+        return None
+    return (f"the prompt is {tokens} tokens, the {generator.name}'s context {context}: no room for an answer "
+            "(shorten the question or its evidence)")
 
 
 def infer_questions(db_root: Path, questions: list[dict], generators, *, config, llm_url: str | None,
                     llm_model: str | None, seed: int, workers: int, timeout: float, recovery: bool = True,
-                    show_progress: bool = True):
-    """Generate, run the lifecycle and select for every question; returns `pipeline.Answer`s."""
+                    show_progress: bool = True, quiet: bool = False):
+    """Generate, run the lifecycle and select for every question that fits its generators; returns
+    (`pipeline.Answer`s, {position: why} of the questions whose prompt a local model cannot hold)."""
     from data_synthesis.chat_client import ChatClient
     from rewards.executor import Executor
     from rewards.sandbox import Limits
@@ -81,26 +116,37 @@ def infer_questions(db_root: Path, questions: list[dict], generators, *, config,
     from sirius_train.inference.pipeline import answer, make_task
 
     tasks = [make_task(db_root, q["id"], q["db_id"], q["question"], [], q.get("evidence")) for q in questions]
+    # a generator whose local model cannot hold a question's prompt skips it; no generator at all: refused
+    skips = [{id(t): why for t in tasks if (why := too_long(g, t.question))} for g in generators]
+    refused = {i: "; ".join(s[id(t)] for s in skips) for i, t in enumerate(tasks) if all(id(t) in s for s in skips)}
+    tasks = [t for i, t in enumerate(tasks) if i not in refused]
     with progress_bar("generating", len(generators) * len(tasks), show_progress) as advance:
-        for generator in generators:
+        for generator, skip in zip(generators, skips):
             for start in range(0, len(tasks), GENERATION_CHUNK):
-                chunk = tasks[start:start + GENERATION_CHUNK]
+                chunk = [t for t in tasks[start:start + GENERATION_CHUNK] if id(t) not in skip]
                 for task, pool in zip(chunk, generate([generator], [t.question for t in chunk], seed + start)):
                     task.candidates.extend(pool)
-                advance(len(chunk))
+                advance(len(tasks[start:start + GENERATION_CHUNK]))
     client = ChatClient(llm_url, llm_model or "default") if llm_url else None
 
     def recover(question, feedback: str, n: int):
-        fewer = [replace(g, n=n) for g in generators]
-        return generate(fewer, [question], seed + 7, {0: feedback}, origin="recovery")[0]
+        fewer = [replace(g, n=n) for g in generators if too_long(g, question) is None]
+        return generate(fewer, [question], seed + 7, {0: feedback}, origin="recovery")[0] if fewer else []
 
     with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor:
         lifecycle = Lifecycle(executor, Corrector(client) if client else None, recover if recovery else None)
-        with stderr.status("lifecycle: filter, execute, repair, recovery"):
+        with nullcontext() if quiet else stderr.status("lifecycle: filter, execute, repair, recovery"):
             lifecycle.run(tasks)
-        stderr.print(f"lifecycle: {lifecycle.summary()}")
+        if not quiet:
+            stderr.print(f"lifecycle: {lifecycle.summary()}")
     with progress_bar("selecting", len(tasks), show_progress) as advance:
-        return answer(tasks, config, "hybrid", PairwiseJudge(client) if client else None, advance)
+        return answer(tasks, config, "hybrid", PairwiseJudge(client) if client else None, advance), refused
+
+
+def refused_line(q: dict, why: str) -> dict:
+    """The output line of a question no generator could take: the documented fields, no SQL, status too_long."""
+    return {"id": q["id"], "sql": None, "source": None, "score": 0.0, "db_id": q["db_id"], "question": q["question"],
+            "decided_by": "too_long", "why": why, "status": "too_long", "row_count": None, "preview": None}
 
 
 def register(app: typer.Typer) -> None:
@@ -130,7 +176,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         timeout: float = typer.Option(5.0, "--timeout", help="seconds per query, enforced inside SQLite"),
         workers: int = typer.Option(2, "--workers", help="sandboxed worker processes (0 = in-process)"),
-        quiet: bool = typer.Option(False, "--quiet", help="no progress bars"),
+        quiet: bool = typer.Option(False, "--quiet", help="errors and the final line only"),
+        threads: int = THREADS,
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
         system_prompt: str = SYSTEM_PROMPT, multi_turn: int = MULTI_TURN,
     ):
@@ -155,17 +202,24 @@ def register(app: typer.Typer) -> None:
                 generators.append(Generator("generalist", OpenAISampler(generalist_url, generalist_model), n_generalist,
                                             temperature, max_new_tokens=max_new_tokens, few_shot=read_few_shot(few_shot)))
             config = SelectorConfig(compare=compare.value, margin=SelectorConfig().margin if margin is None else margin)
-            stderr.print(f"infer: {len(questions)} question(s); generators: "
-                         + ", ".join(f"{g.name} x{g.n}" for g in generators)
-                         + f"; corrector/judge: {llm_url or generalist_url or 'none (LLM repair and S_rm off)'}")
-            answers = infer_questions(db_root, questions, generators, config=config,
-                                      llm_url=llm_url or generalist_url,
-                                      llm_model=llm_model or (generalist_model if generalist_url else None),
-                                      seed=seed, workers=workers, timeout=timeout, recovery=recovery,
-                                      show_progress=not quiet)
+            if not quiet:
+                stderr.print(f"infer: {len(questions)} question(s); generators: "
+                             + ", ".join(f"{g.name} x{g.n}" for g in generators)
+                             + f"; corrector/judge: {llm_url or generalist_url or 'none (LLM repair and S_rm off)'}")
+            local = not specialist.startswith(("http://", "https://"))
+            with torch_threads(threads) if local else nullcontext():
+                answers, refused = infer_questions(
+                    db_root, questions, generators, config=config, llm_url=llm_url or generalist_url,
+                    llm_model=llm_model or (generalist_model if generalist_url else None), seed=seed, workers=workers,
+                    timeout=timeout, recovery=recovery, show_progress=not quiet, quiet=quiet)
+            results, traces = iter([a.result() for a in answers]), iter([a.trace() for a in answers])
+            lines = [refused_line(q, refused[i]) if i in refused else next(results) for i, q in enumerate(questions)]
+            trace_lines = [{**refused_line(q, refused[i]), "candidates": []} if i in refused else next(traces)
+                           for i, q in enumerate(questions)]
             trace_path = trace or output.with_name(output.stem + ".trace.jsonl")
-            write_jsonl(output, (a.result() for a in answers))
-            write_jsonl(trace_path, (a.trace() for a in answers))
-        for a in answers:
-            stderr.print(f"[bold]{a.task.question.id}[/] {a.pick()['sql']}\n    {a.why}")
-        stderr.print(f"wrote {output} and {trace_path}")
+            write_jsonl(output, lines)
+            write_jsonl(trace_path, trace_lines)
+        if not quiet:
+            for line in lines:
+                stderr.print(f"[bold]{line['id']}[/] {line['sql']}\n    {line['why']}")
+        stderr.print(f"wrote {output} ({len(lines)} answers, {len(refused)} too long for the model) and {trace_path}")

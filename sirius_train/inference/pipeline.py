@@ -52,16 +52,15 @@ class Answer:
                 "source": winner.source if winner else None, "score": round(self.selection.score, 6)}
 
     def result(self) -> dict:
-        """The pick plus what `sirius infer` users want to see at a glance."""
+        """The pick plus what `sirius infer` users want to see at a glance; every field on every line (null
+        where no candidate ran)."""
         winner = self.winner
         outcome = winner.outcome if winner else None
-        out = {**self.pick(), "db_id": self.task.question.db_id, "question": self.task.question.question,
-               "decided_by": self.selection.decided_by, "why": self.why,
-               "status": outcome.status.value if outcome else None}
-        if outcome is not None:
-            out["row_count"] = len(outcome.rows)
-            out["preview"] = outcome.to_json(5)["rows"]
-        return out
+        return {**self.pick(), "db_id": self.task.question.db_id, "question": self.task.question.question,
+                "decided_by": self.selection.decided_by, "why": self.why,
+                "status": outcome.status.value if outcome else None,
+                "row_count": len(outcome.rows) if outcome else None,
+                "preview": outcome.to_json(5)["rows"] if outcome else None}
 
     def trace(self) -> dict:
         """Everything: each candidate's lifecycle events and the selector's scores per result class."""
@@ -105,7 +104,9 @@ def answer(tasks: list[Task], config: SelectorConfig = SelectorConfig(), method:
                 selection = select(ballots, config)
         if on_answer is not None:
             on_answer()
-        why = explain(selection, ballots, config)
+        picked = None if selection.index is None else task.candidates[selection.index]
+        why = explain(selection, ballots, config) if picked is None or picked.sql is not None else \
+            f"no candidate has SQL: none of the {len(task.candidates)} answers held any (format failures)"
         if judge_error is not None:
             why += "; the judge failed on this question, so S_rm is 0"
         return Answer(task, ballots, selection, why, judge_error)
