@@ -355,6 +355,7 @@ def test_the_report_counts_tokens_and_the_rate_of_generated_questions_only(demo_
     assert row.endswith(f"| cached | {prompt} | 28 | 2 of 6 |")
     row = next(line for line in first.output.splitlines() if line.startswith("| fake |"))
     assert "cached" not in row and row.endswith(f"| {prompt} | 28 | 2 of 6 |")
+    assert "benchmark fake: 2/2 (" in first.output  # --quiet: no bar, still a line per model
 
 
 def test_a_served_name_with_a_slash_is_a_safe_file_label(demo_db_root, tmp_path):
