@@ -36,12 +36,23 @@ def test_admission_keeps_empty_only_as_a_strict_majority_or_last_resort():
     assert admitted([err, err]) == []
 
 
-def test_partial_agreement_counts_by_default():
-    """Three one-vote results: the two that share a row outscore the loner that comes first in input order."""
+def test_partial_agreement_counts_when_weighted_and_votes_alone_decide_by_default():
+    """Three one-vote results: weighted, the two that share a row outscore the loner that comes first in input
+    order. Shipped, votes alone decide (no positive weight gained on both open pools: docs/benchmarks/selector.md)."""
     pool = [ballot("a", "q1", (9,)), ballot("b", "q2", (1,), (2,)), ballot("c", "q3", (1,), (3,))]
-    assert SelectorConfig().partial_weight > 0
-    assert select(pool).index == 1
-    assert select(pool, SelectorConfig(partial_weight=0.0)).index == 0  # votes alone: input order decides
+    assert select(pool, SelectorConfig(partial_weight=0.5)).index == 1
+    assert select(pool).index == 0  # votes alone: input order decides
+
+
+def test_the_structural_gate_is_off_unless_asked():
+    """A three-way near tie where sources repeat: the gate would pick the shape two generators share. Shipped it
+    stays shut (on the open pools' model families it lost questions on pool A and won none on pool B)."""
+    b = [ballot("spec", "SELECT max(a) FROM t", (3,)), ballot("spec", "SELECT count(*) FROM t WHERE a = 'x'", (2,)),
+         ballot("gen", "SELECT count(*) FROM t WHERE a = 'X'", (1,))]
+    shipped = select(b)
+    assert (shipped.decided_by, shipped.index) == ("consensus", 0)
+    gated = select(b, SelectorConfig(rerank="auto"))
+    assert (gated.decided_by, gated.index) == ("structure", 1)
 
 
 def test_structural_support_counts_only_candidates_that_executed():
@@ -49,7 +60,7 @@ def test_structural_support_counts_only_candidates_that_executed():
     other shape is written by three sources, but two of them failed to run, so it has one too."""
     x, y = "SELECT a FROM t WHERE k = 1", "SELECT b FROM t"
     pool = [ballot("s1", x, (1,)), ballot("s2", y, (2,)), ballot("s1", y, status=ERROR), ballot("s3", y, status=ERROR)]
-    chosen = select(pool)
+    chosen = select(pool, SelectorConfig(rerank="auto"))
     assert chosen.decided_by == "structure" and [c.support for c in chosen.classes] == [1, 1]
     assert chosen.index == 0  # supports tie: S_coarse ties too, input order decides
 
@@ -82,7 +93,7 @@ def test_a_column_swapped_minority_does_not_overturn_a_bird_majority():
     rows, swapped = ((1, "x"), (2, "y")), (("x", 1), ("y", 2))
     pool = [Ballot("spec", "SELECT id, name FROM t", OK, rows)] * 5 + \
         [Ballot(f"gen{k}", "SELECT name, id FROM t", OK, swapped) for k in range(4)]
-    chosen = select(pool, SelectorConfig(compare="bird", partial_weight=0.5))
+    chosen = select(pool, SelectorConfig(compare="bird", partial_weight=0.5, rerank="auto"))
     assert chosen.index == 0 and chosen.decided_by == "consensus", chosen
     assert chosen.classes[0].s_maj == pytest.approx(5 / 9)
 
@@ -127,10 +138,10 @@ def test_reranker_prefers_the_shape_more_sources_share():
          ballot("spec", "SELECT count(*) FROM t WHERE a = 'x'", (2,)),
          ballot("gen", "SELECT count(*) FROM t WHERE a = 'X'", (1,)),
          ballot("spec", "SELECT name FROM t", ("n",), status=ERROR)]
-    s = select(b, SelectorConfig(margin=0.1))
+    s = select(b, SelectorConfig(margin=0.1, rerank="auto"))
     assert s.decided_by == "structure" and s.index == 1  # 3-way tie; {spec, gen} share the count(*) shape
     assert s.classes[0].support == 2
-    assert select(b, SelectorConfig(margin=0.0)).index == 0  # gate closed: input order breaks the tie
+    assert select(b, SelectorConfig(margin=0.0, rerank="auto")).index == 0  # gate closed: input order breaks the tie
 
 
 def test_rerank_auto_only_when_provenance_groups_are_shared():

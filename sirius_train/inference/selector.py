@@ -15,18 +15,20 @@ optional LLM judge is passed in as a function, so the math never does I/O.
    `rewards.compare.results_match` as the reward, so selection and evaluation agree on "same answer").
    - S_maj, tuple-level consensus: a class's own votes plus partial credit from every other admitted
      candidate whose rows overlap (row Dice; rows compared as the compare mode compares them: column
-     order counts under `bird`, not under `spider`), weighted by `partial_weight`
-     (0.5: a result that overlaps another counts at most half an identical one), all divided by the
-     pool size N.
+     order counts under `bird`, not under `spider`), weighted by `partial_weight`, all divided by the
+     pool size N. Shipped at weight 0 (votes alone): on the two open pools no positive weight gains on
+     pool B and each one that gains on pool A in one equivalence loses in the other
+     (docs/benchmarks/selector.md); the weight is an option, not a fitted constant.
    - S_rm, pairwise preference (optional): a judge compares representatives of the top classes, every
      pair in both orders to cancel position bias; S_rm is the fraction of comparisons a class won.
    - S_coarse = S_maj + judge_weight * S_rm.
 3. *Stage 2, gate.* When the best two classes are within `margin` of each other, the LLM-free
    structural reranker decides among all classes within `margin` of the best: the class whose
    structural signature was produced by the most distinct provenance groups (sources) among the
-   candidates that executed wins; ties fall back to S_coarse, then to input order. By default (`rerank="auto"`) the gate
-   opens only when provenance groups are shared (some source gave several candidates, as specialist
-   and generalist samples do); see `_reranks`.
+   candidates that executed wins; ties fall back to S_coarse, then to input order. Off by default
+   (`rerank="never"`): measured where provenance repeats (the open pools' systems grouped into model
+   families) it lost questions on pool A and netted none on pool B. `rerank="auto"` opens it only when
+   provenance groups are shared (some source gave several candidates); see `_reranks`.
 4. The winner is the winning class's earliest member (input order is the caller's ranking of sources).
 
 `majority_vote` is the baseline: executed candidates (rows or empty) grouped into the same classes,
@@ -66,9 +68,9 @@ class SelectorConfig:
     """Constants of the hybrid selector; the defaults are argued for in docs/INFERENCE.md."""
 
     compare: str = "bird"  # result equivalence used to form classes ("bird" | "spider")
-    partial_weight: float = 0.5  # weight of partial (overlapping-rows) agreement in S_maj (SPEC: it counts)
+    partial_weight: float = 0.0  # weight of partial (overlapping-rows) agreement in S_maj; 0: votes alone
     margin: float = 0.1  # gate: classes within this much of the best are near-tied
-    rerank: str = "auto"  # structural reranker: auto (only when some source gave >= 2 candidates) | always | never
+    rerank: str = "never"  # structural reranker: never | auto (only when some source gave >= 2 candidates) | always
     judge_weight: float = 0.25  # S_coarse = S_maj + judge_weight * S_rm
     judge_top_k: int = 3  # classes the judge compares (k*(k-1) calls, both orders)
 
@@ -277,7 +279,7 @@ def select(ballots: Sequence[Ballot], config: SelectorConfig = SelectorConfig(),
         >>> b = [Ballot("spec", "SELECT a FROM t", Status.OK, ((1,),)),
         ...      Ballot("gen", "SELECT a FROM t WHERE x = 'Y' ORDER BY b", Status.OK, ((2,),)),
         ...      Ballot("spec", "SELECT a FROM t WHERE x = 'y' ORDER BY b", Status.OK, ((3,),))]
-        >>> s = select(b)  # a three-way tie: the shape two generators agree on wins
+        >>> s = select(b, SelectorConfig(rerank="auto"))  # a three-way tie: the shape two generators agree on wins
         >>> s.index, s.decided_by
         (1, 'structure')
     """
@@ -317,7 +319,9 @@ def explain(selection: Selection, ballots: Sequence[Ballot], config: SelectorCon
         >>> b = [Ballot("spec", "SELECT 1", Status.OK, ((1,),)), Ballot("gen", "SELECT 1", Status.OK, ((1,),)),
         ...      Ballot("spec", "SELECT 2", Status.OK, ((2,),))]
         >>> explain(select(b), b)
-        'consensus: 2 of 3 candidates (gen, spec) return this result; S_coarse 0.67 leads the next class by 0.33 (gate 0.1)'
+        'consensus: 2 of 3 candidates (gen, spec) return this result; S_coarse 0.67 leads the next class by 0.33'
+        >>> explain(select(b, SelectorConfig(rerank="auto")), b, SelectorConfig(rerank="auto")).endswith("(gate 0.1)")
+        True
     """
     if selection.index is None or not selection.classes:
         return "no candidate executed; returning the first one with SQL, unverified" if selection.index is not None \
@@ -338,7 +342,8 @@ def _decision(selection: Selection, ballots: Sequence[Ballot], config: SelectorC
                 f"source(s); {head}")
     if selection.margin is None:
         return f"{selection.decided_by}: {head}; no other result"
-    return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f} (gate {config.margin:g})"
+    gate = f" (gate {config.margin:g})" if config.rerank != "never" else ""  # a shut gate decided nothing
+    return f"{selection.decided_by}: {head}; {lead} leads the next class by {selection.margin:.2f}{gate}"
 
 
 def _unverified(ballots: Sequence[Ballot]) -> Selection:
