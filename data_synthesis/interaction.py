@@ -9,17 +9,18 @@ is always asked, parsed and answered the same way (issue 19; SkyRL-SQL and MARS-
   `</answer>` (the *final answer*, read by `rewards.extract.extract_sql` as in single-turn), or at EOS
   with neither (`parse_turn`);
 - a probe runs in the read-only sandbox with a per-turn deadline (`run_probe`, the I/O edge, and
-  `SandboxProbes`, which keeps one sandbox per database for it), and its typed outcome comes back as an `<observation>…</observation>` block
+  `SandboxProbes`, which keeps one sandbox per database for it; or on the reward servers, `ServerProbes`), and its typed outcome comes back as an `<observation>…</observation>` block
   (`render_observation`): the status, the engine's error verbatim, or a compact table capped at
   `max_rows` rows and `max_chars` characters that still states the true row count;
 - an episode that ends without a final answer is a format failure; one that runs out of probes
   (`max_turns`) or tokens is truncated (`episode_end`).
 
-Everything but `run_probe` and `SandboxProbes` is pure.
+Everything but `run_probe`, `SandboxProbes` and `ServerProbes` is pure.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -151,6 +152,18 @@ def episode_end(last: ParsedTurn, probes: int, limits: ProbeLimits, out_of_token
     return EpisodeEnd.TRUNCATED if out_of_tokens else EpisodeEnd.NO_ANSWER
 
 
+def end_or_observe(episode, turn: ParsedTurn, limits: ProbeLimits, out_of_tokens: bool, probe, tokenizer):
+    """After a model turn that ended (closed a block, stopped, or ran out of tokens): set `episode.end` (and its
+    `answer`) by `episode_end`, or run the turn's probe, `probe(episode.prompt, sql)`, and return the observation's
+    token ids; None when the episode ended. The step both multi-turn loops share (`multiturn`, `turns`)."""
+    episode.end = episode_end(turn, episode.probes, limits, out_of_tokens)
+    if episode.end is EpisodeEnd.ANSWERED:
+        episode.answer = turn.sql
+    if episode.end is not None:
+        return None
+    return tokenizer(observation_segment(probe(episode.prompt, turn.sql)), add_special_tokens=False)["input_ids"]
+
+
 def render_observation(outcome: Outcome, limits: ProbeLimits, row_count: int | None = None) -> str:
     """The observation block of a probe's typed outcome: its status and the engine's error verbatim, or
     its columns and first `max_rows` rows with the true row count; the body cut at `max_chars`.
@@ -230,6 +243,38 @@ class SandboxProbes:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class ServerProbes:
+    """`probes(db_id, sql) -> observation` on reward servers' `/v1/execute` (`url`: one or a comma-separated list;
+    token from `SIRIUS_REWARD_TOKEN`), rendered as an in-process probe's. While they stay down, `fallback(db_id, sql)`
+    answers (probes in a sandbox on the same databases, as the reward falls back); without one the outage raises."""
+
+    def __init__(self, url: str, limits: ProbeLimits, fallback=None):
+        self.url, self.limits, self.fallback = url, limits, fallback
+        self._client = None
+
+    def __call__(self, db_id: str, sql: str | None) -> str:
+        from rewards.client import RewardClient, RewardServerUnavailable
+
+        if self._client is None:
+            self._client = RewardClient(self.url, token=os.environ.get("SIRIUS_REWARD_TOKEN"),
+                                        timeout_s=max(30.0, 4 * self.limits.turn_timeout_s))
+        try:
+            answer = self._client.execute(db_id, sql or "", max_rows=self.limits.max_rows)
+        except RewardServerUnavailable:
+            if self.fallback is None:
+                raise
+            return self.fallback(db_id, sql)
+        outcome = Outcome(Status(answer.status), rows=tuple(tuple(r) for r in answer.rows),
+                          columns=tuple(answer.columns), error=answer.error, elapsed_s=answer.elapsed_s)
+        return render_observation(outcome, self.limits, row_count=answer.row_count)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        if hasattr(self.fallback, "close"):
+            self.fallback.close()
 
 
 def observation_segment(observation: str) -> str:

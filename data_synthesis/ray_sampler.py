@@ -61,17 +61,20 @@ class RaySampler:
         num_gpus: GPUs each actor reserves (1, or the tensor-parallel size; 0 on CPU).
         num_cpus: CPUs each actor reserves.
         lookahead: calls submitted beyond the one asked for (default: 2 per actor).
+        limits: the `interaction.ProbeLimits` of actors whose samplers answer in multi-turn episodes
+            (`turns.TurnEpisodeSampler`): `sample` then takes the prompts' `db_ids`, and estimates are keyed apart.
 
     Ray is initialised if it is not already (`RAY_ADDRESS` or a new local cluster); that cluster is shut down
     on `close`, one the caller started is left running.
     """
 
     def __init__(self, make_sampler: Callable[[], Sampler], actors: int, *, num_gpus: float = 0.0,
-                 num_cpus: float = 1.0, lookahead: int | None = None):
+                 num_cpus: float = 1.0, lookahead: int | None = None, limits=None):
         ray = require("ray", "ray", "the Ray fan-out of samplers", "sample in one process")
         if actors < 1:
             raise ValueError(f"actors={actors}: need at least one sampler actor")
         self._ray = ray
+        self.multi_turn, self.limits = limits is not None, limits
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init()
@@ -97,8 +100,10 @@ class RaySampler:
         self._position = {key: i for i, (key, _) in enumerate(self._plan)}
         self._submitted_through = 0
 
-    def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
+    def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None, db_ids=None):
         options = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed}
+        if db_ids is not None:  # episodes: each prompt probes its own database
+            options["db_ids"] = list(db_ids)
         key = _call_key(prompts, n, options)
         if key in self._position:
             self._prefetch(self._position[key])
@@ -163,15 +168,19 @@ def distributed_estimate(examples: Sequence[Example], make_sampler: Callable[[],
                         **sampling, **options)
 
 
-def estimate_calls(prompts: list[list[dict]], k: int, *, batch_size: int, seed: int, **sampling) -> list[Call]:
-    """The sampler calls `difficulty.estimate` makes, in order: fixed chunks, each seeded with its first index.
+def estimate_calls(prompts: list[list[dict]], k: int, *, batch_size: int, seed: int, db_ids: list[str] | None = None,
+                   **sampling) -> list[Call]:
+    """The sampler calls `difficulty.estimate` makes, in order: fixed chunks, each seeded with its first index
+    (with `db_ids`, each chunk's databases too: the calls of an episode sampler).
 
     Example:
         >>> prompts = [[{"role": "user", "content": q}] for q in "abcde"]
         >>> [(len(p), n, o["seed"]) for p, n, o in estimate_calls(prompts, 8, batch_size=2, seed=10, top_p=1.0)]
         [(2, 8, 10), (2, 8, 12), (1, 8, 14)]
     """
-    return [(prompts[s:s + batch_size], k, {**sampling, "seed": seed + s}) for s in range(0, len(prompts), batch_size)]
+    return [(prompts[s:s + batch_size], k, {**sampling, "seed": seed + s,
+                                            **({"db_ids": db_ids[s:s + batch_size]} if db_ids is not None else {})})
+            for s in range(0, len(prompts), batch_size)]
 
 
 def _call_key(prompts: list[list[dict]], n: int, options: dict) -> str:

@@ -108,6 +108,36 @@ class HFSampler:
         self.last_usage = rollout_usage(rollout, n)
         return [rollout.texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
+    @property
+    def max_model_len(self) -> int:
+        return getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
+
+    def continue_ids(self, contexts, *, max_tokens, seeds, temperature=1.0, top_p=1.0, stop=()):
+        """The model as a `turns.TokenEngine`: each context continued on its own, through the first `stop` string,
+        EOS or `max_tokens` (each request seeded, so its tokens depend on nothing else in the call)."""
+        import torch
+
+        from data_synthesis.generation import policy_sampling
+
+        device = next(self.model.parameters()).device
+        out = []
+        with torch.no_grad(), policy_sampling(self.model):
+            for ids, budget, seed in zip(contexts, max_tokens, seeds):
+                if budget <= 0:
+                    out.append([])
+                    continue
+                if seed is not None:
+                    torch.manual_seed(seed)
+                x = torch.tensor([ids], device=device)
+                sequence = self.model.generate(
+                    input_ids=x, attention_mask=torch.ones_like(x), do_sample=temperature > 0,
+                    temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
+                    top_k=None, max_new_tokens=budget, pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=self.tokenizer.eos_token_id, stop_strings=list(stop) or None,
+                    tokenizer=self.tokenizer)
+                out.append(sequence[0, len(ids):].tolist())
+        return out
+
 
 class EpisodeSampler:
     """`n` multi-turn episodes per prompt: the model may run `<sql>` probes on the prompt's database under

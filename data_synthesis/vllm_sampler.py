@@ -75,3 +75,16 @@ class VLLMSampler:
             self.last_usage[i] = TokenUsage(len(ids[i]), sum(len(c.token_ids) for c in choices), n,
                                             sum(c.finish_reason == "length" for c in choices))
         return answers
+
+    def continue_ids(self, contexts, *, max_tokens, seeds, temperature=1.0, top_p=1.0, stop=()):
+        """The engine as a `turns.TokenEngine`: each context continued through the first `stop` string (its tokens
+        kept in the ids: `include_stop_str_in_output`), EOS or `max_tokens`; one seeded request per context."""
+        asked = [i for i, budget in enumerate(max_tokens) if budget > 0]
+        params = [self._vllm.SamplingParams(n=1, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                            max_tokens=max_tokens[i], seed=seeds[i], stop=list(stop),
+                                            include_stop_str_in_output=True) for i in asked]
+        outputs = self.llm.generate([{"prompt_token_ids": contexts[i]} for i in asked], params, use_tqdm=False)
+        new = [[] for _ in contexts]
+        for i, out in zip(asked, outputs):
+            new[i] = list(out.outputs[0].token_ids)
+        return new

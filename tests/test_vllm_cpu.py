@@ -83,6 +83,27 @@ def test_vllm_greedy_answers_are_transformers_answers(policy, vllm_sampler, demo
     assert any("SELECT" in answers[0] for answers in hf)  # the answers are SQL, not an empty agreement
 
 
+def test_vllm_continues_token_ids_as_transformers_does_and_keeps_the_stop_tokens(policy, vllm_sampler, demo_db_root):
+    """`continue_ids`, the engine call of a multi-turn turn (`data_synthesis.turns`, the verl backend's pass rates and
+    evaluation in episodes): greedy continuations equal transformers', and a stop string's tokens stay in the ids
+    (`include_stop_str_in_output`): without them a probe's `</sql>` would never reach the turn's parse."""
+    from data_synthesis.prompts import chat_text
+
+    path, pool, _ = policy
+    hf = HFSampler(path, device="cpu")
+    contexts = [hf.tokenizer(chat_text(hf.tokenizer, prompt_for(e, demo_db_root, FORMAT)),
+                             add_special_tokens=False)["input_ids"] for e in pool[:4]]
+    options = {"max_tokens": [24] * len(contexts), "seeds": [0] * len(contexts), "temperature": 0.0, "top_p": 1.0}
+    free = hf.continue_ids(contexts, **options)
+    assert vllm_sampler.continue_ids(contexts, **options) == free
+    stop = "FROM"  # in every greedy answer: each continuation ends at the token that completes it
+    assert all(stop in hf.tokenizer.decode(ids) for ids in free)
+    stopped = vllm_sampler.continue_ids(contexts, **options, stop=[stop])
+    assert stopped == hf.continue_ids(contexts, **options, stop=[stop])
+    for ids, whole in zip(stopped, free):
+        assert whole[:len(ids)] == ids and hf.tokenizer.decode(ids).rstrip().endswith(stop)
+
+
 def test_seeded_answers_do_not_depend_on_the_batch_even_when_prefill_is_chunked(policy, demo_db_root):
     """vLLM rewinds a seeded request's generator after a chunked prefill; on CPU that needs our patch (without it
     the engine dies on "CPU Generator does not use offset", with a no-op rewind answers shift with the chunking)."""

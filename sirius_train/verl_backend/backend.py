@@ -6,7 +6,7 @@ through our entry point (main_ppo.py, launch.py), merge the last FSDP checkpoint
 that folder to the schedule, which re-estimates difficulty with it for stage 2.
 Pass rates and held-out evaluation go through vLLM engines (the rollout's tensor-parallel size) fanned
 out over Ray across the job's GPUs (`data_synthesis.ray_sampler`); a 32B model with HF `generate` on one
-GPU does not fit. Building the base model and the SFT warm start reuse `LocalBackend`; the schedule
+GPU does not fit. A multi-turn run's engines answer in episodes (`data_synthesis.turns`), the format it trains in. Building the base model and the SFT warm start reuse `LocalBackend`; the schedule
 exchanges plain HF folders.
 """
 
@@ -38,7 +38,7 @@ from sirius_train.verl_backend.plans import (
     require_fit,
     require_positions,
 )
-from sirius_train.verl_backend.translate import StagePaths, stage_overrides, tool_config
+from sirius_train.verl_backend.translate import StagePaths, response_tokens, stage_overrides, tool_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,7 +132,9 @@ class VerlBackend:
         per_call = max(1, ENGINE_CALL_SEQUENCES // stage.estimate_k)
         sampling = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens}
         prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
-        sampler.expect(estimate_calls(prompts, stage.estimate_k, batch_size=per_call, seed=self.cfg.seed, **sampling))
+        db_ids = [e.db_id for e in examples] if sampler.multi_turn else None  # episodes probe their databases
+        sampler.expect(estimate_calls(prompts, stage.estimate_k, batch_size=per_call, seed=self.cfg.seed,
+                                      db_ids=db_ids, **sampling))
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k}, vLLM)", len(examples)) as advance:
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
@@ -142,18 +144,25 @@ class VerlBackend:
         return rates, sampler
 
     def evaluate(self, model: Path, data, stage: str) -> dict:
-        """Greedy answers to the held-out set through the same vLLM engines, scored like the reward."""
+        """Greedy answers to the held-out set through the same vLLM engines, scored like the reward; episodes in a
+        multi-turn run, with the local backend's `eval_turns_mean` and `eval_probe_share`."""
+        from data_synthesis.interaction import observation_spans
         from data_synthesis.ray_sampler import estimate_calls
         from sirius_train.local.evaluate import score_answers
 
         max_new = max(s.max_new_tokens for s in self.cfg.stages)
         items = self.local._eval_items(data)
         sampler = self._sampler(model, stage)
+        db_ids = [it.db_id for it in items] if sampler.multi_turn else None
         calls = estimate_calls([it.prompt for it in items], 1, batch_size=ENGINE_CALL_SEQUENCES, seed=self.cfg.seed,
-                               temperature=0.0, top_p=1.0, max_new_tokens=max_new)
+                               temperature=0.0, top_p=1.0, max_new_tokens=max_new, db_ids=db_ids)
         sampler.expect(calls)
         texts = [answers[0] for prompts, n, options in calls for answers in sampler.sample(prompts, n, **options)]
         figures = score_answers(items, texts, self.local.eval_executor, compare=data.compare)
+        if sampler.multi_turn:  # probes run = observations in the episode
+            probes = [len(observation_spans(t)) for t in texts]
+            figures.update({"eval_turns_mean": sum(probes) / len(probes),
+                            "eval_probe_share": sum(p > 0 for p in probes) / len(probes)})
         self.local.metrics.log({"stage": stage, "step": -1, "eval": "final", **figures})
         return figures
 
@@ -214,11 +223,13 @@ class VerlBackend:
             return self._engines[1]
         self._close_engines()
         self._free_gpu()
-        longest = max(s.max_new_tokens for s in self.cfg.stages)
+        longest = max(response_tokens(self.cfg, s) for s in self.cfg.stages)  # observations included
         require_positions(self.cfg, model)
         self._require_fit(model, f"{phase}: vLLM pass rates / evaluation",
                           lambda shape, gib: [estimation_plan(self.cfg, longest, shape, gib)])
-        self._engines = (str(model), start_engines(self.cfg, model, self.cfg.verl.max_prompt_length + longest))
+        limits = self.local.multi_turn[0] if self.local.multi_turn else None
+        self._engines = (str(model), start_engines(self.cfg, model, self.cfg.verl.max_prompt_length + longest,
+                                                   limits))
         return self._engines[1]
 
     def _close_engines(self) -> None:
@@ -288,8 +299,12 @@ def engine_factory(cfg: RunConfig, model: Path, max_model_len: int):
     return make, engine.actors, engine.tensor_parallel
 
 
-def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
-    """A `RaySampler` of `VLLMSampler`s, one per `rollout_tp` GPUs of the job, in the cluster verl will use."""
+def start_engines(cfg: RunConfig, model: Path, max_model_len: int, limits=None):
+    """A `RaySampler` of `VLLMSampler`s, one per `rollout_tp` GPUs of the job, in the cluster verl will use. With
+    `limits` (a multi-turn run's `ProbeLimits`) each answers in episodes (`turns.TurnEpisodeSampler`), probing where
+    the rollout's SQL tool probes: the reward servers, else the sandbox on `data.db_root`."""
+    from functools import partial
+
     import ray
 
     from data_synthesis.ray_sampler import RaySampler
@@ -302,8 +317,13 @@ def start_engines(cfg: RunConfig, model: Path, max_model_len: int):
         ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
                  runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}, **logical)
     make, actors, gpus = engine_factory(cfg, model, max_model_len)
-    stderr.print(f"[bold]pass rates / evaluation[/]: {estimation_engine(cfg).describe()}")
-    return RaySampler(make, actors, num_gpus=gpus)
+    if limits is not None:
+        from data_synthesis.turns import episode_sampler
+
+        make = partial(episode_sampler, make, limits, str(Path(cfg.data.db_root).resolve()), cfg.reward.url)
+    stderr.print(f"[bold]pass rates / evaluation[/]: {estimation_engine(cfg).describe()}"
+                 + (", multi-turn episodes" if limits is not None else ""))
+    return RaySampler(make, actors, num_gpus=gpus, limits=limits)
 
 
 def _enter_cpu_platform() -> None:

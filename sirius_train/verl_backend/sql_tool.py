@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 from uuid import uuid4
 
@@ -35,6 +34,7 @@ from data_synthesis.interaction import (
     OBSERVATION_OPEN,
     PROBE_CLOSE,
     ProbeLimits,
+    ServerProbes,
     TurnKind,
     observation_segment,
     parse_turn,
@@ -67,7 +67,7 @@ class SqlProbeTool(BaseTool):
         if not (self.db_root or self.reward_url):
             raise ValueError("sirius SQL tool: its config needs db_root (in-process probes) or reward_url")
         self._db_ids: dict[str, str] = {}
-        self._client = None
+        self._server = None  # ServerProbes, made on the first probe
 
     async def create(self, instance_id: str | None = None, **kwargs) -> tuple[str, ToolResponse]:
         db_id = (kwargs.get("create_kwargs") or {}).get("db_id")
@@ -91,28 +91,16 @@ class SqlProbeTool(BaseTool):
     def _probe(self, db_id: str, query: str | None) -> str:
         """The observation of one probe: on the servers, else (or while they are down) in-process."""
         if self.reward_url:
-            from rewards.client import RewardServerUnavailable
+            if self._server is None:
+                self._server = ServerProbes(self.reward_url, self.limits, self._in_process if self.db_root else None)
+            return self._server(db_id, query)
+        return self._in_process(db_id, query)
 
-            try:
-                return self._on_server(db_id, query)
-            except RewardServerUnavailable:
-                if not self.db_root:
-                    raise
+    def _in_process(self, db_id: str, query: str | None) -> str:
         # a sandbox per probe (not `interaction.SandboxProbes`' cached ones): the loop's episodes probe concurrently
         # from threads, and a sandbox's connection and deadline belong to one query at a time
         with Sandbox(resolve_db_path(self.db_root, db_id), self.limits.sandbox_limits()) as sandbox:
             return run_probe(sandbox, query, self.limits)
-
-    def _on_server(self, db_id: str, query: str | None) -> str:
-        from rewards.client import RewardClient
-
-        if self._client is None:
-            self._client = RewardClient(self.reward_url, token=os.environ.get("SIRIUS_REWARD_TOKEN"),
-                                        timeout_s=max(30.0, 4 * self.limits.turn_timeout_s))
-        answer = self._client.execute(db_id, query or "", max_rows=self.limits.max_rows)
-        outcome = Outcome(Status(answer.status), rows=tuple(tuple(r) for r in answer.rows),
-                          columns=tuple(answer.columns), error=answer.error, elapsed_s=answer.elapsed_s)
-        return render_observation(outcome, self.limits, row_count=answer.row_count)
 
 
 @ToolParser.register(TOOL_PARSER)
