@@ -81,3 +81,28 @@ def test_a_verl_multi_turn_run_estimates_and_evaluates_in_episodes(backend, demo
         (count,), = db.execute(PROBE).fetchall()
     assert text == f"<sql>{PROBE}</sql>\n<observation>\nok: 1 row\ncount(*)\n{count}\n</observation>\n{ANSWER}"
 
+
+def test_a_stage_whose_prompts_fit_only_without_the_probe_instructions_is_refused_before_verl(backend, demo_db_root,
+                                                                                              tmp_path):
+    from transformers import AutoTokenizer
+
+    from data_synthesis.difficulty import prompt_for
+    from data_synthesis.export import write_verl_parquet
+    from data_synthesis.prompts import chat_text
+    from sirius_train.config import ConfigError
+
+    cfg, stage = backend.cfg, backend.cfg.stages[0]
+    examples = [Example(f"q{i}", "retail", f"How many customers live in city number {i}?", GOLD)
+                for i in range(stage.prompts_per_step)]
+    data = RunData(demo_db_root, [], examples, examples, prompt_format(cfg), "bird")
+    curriculum = write_verl_parquet(examples, tmp_path / "curriculum.parquet", demo_db_root,
+                                    prompt_format=data.prompt_format)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    # the limit verl's filter applies: every row passes it, none does with the instructions
+    cfg.verl.max_prompt_length = max(len(tokenizer(chat_text(tokenizer, prompt_for(e, demo_db_root, data.prompt_format)),
+                                                   add_special_tokens=False)["input_ids"]) for e in examples)
+    with pytest.raises(ConfigError, match=rf"{len(examples)} of {len(examples)} prompts of {curriculum} fit "
+                                          rf"verl.max_prompt_length={cfg.verl.max_prompt_length} only without the "
+                                          rf"probe instructions"):
+        backend.train_stage(1, stage, curriculum, Path(cfg.model.path), data, tmp_path / "stage1")
+    assert not (tmp_path / "stage1" / "verl_command.sh").exists()  # refused before anything was launched

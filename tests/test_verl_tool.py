@@ -157,7 +157,7 @@ class ScriptedPolicy:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_tokens=256):
+def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_tokens=256, question=None, extra=()):
     """One rollout of verl's agent-loop machinery with our loop, set up as `sirius train --backend verl` and
     verl's `AgentLoopWorker` set it up: the run config's stage plan, its tool config file, the composed
     trainer config, tools from that file, the loop from verl's registry through `hydra.utils.instantiate`."""
@@ -167,7 +167,7 @@ def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_toke
 
     from sirius_train.verl_backend.compose import compose_verl_config
 
-    plan = multi_turn_plan(tmp_path, db_root, limits, max_new_tokens)
+    plan = multi_turn_plan(tmp_path, db_root, limits, max_new_tokens, extra)
     Path(plan.paths.tool_config).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.paths.tool_config).write_text(yaml.safe_dump(plan.tool_config))
     config = compose_verl_config(plan.overrides, plan.tool_config)
@@ -181,7 +181,7 @@ def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_toke
             trainer_config=DictConfigWrap(config=config), server_manager=policy, tokenizer=tokenizer, processor=None,
             dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data), tools=ToolListWrap(tools))
         assert type(loop).__name__ == "SqlAgentLoop"
-        messages = [{"role": "user", "content": "Question: how many customers live in Paris?"}]
+        messages = [{"role": "user", "content": question or "Question: how many customers live in Paris?"}]
         return await loop.run({"temperature": 1.0, "top_p": 1.0, "logprobs": True}, raw_prompt=messages,
                               extra_info={"db_id": "retail", "index": 0}, tools_kwargs={})
 
@@ -255,6 +255,21 @@ def test_the_model_keeps_to_max_new_tokens_observations_aside(tmp_path, demo_db_
     out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn], max_new_tokens=len(probe_ids))
     assert len(policy.calls) == 1 and "<observation>" not in tokenizer.decode(out.response_ids)
     assert out.num_turns == 2  # no probe ran
+
+
+def test_a_prompt_too_long_with_the_probe_instructions_is_refused_not_cut(tmp_path, demo_db_root, tokenizer):
+    from data_synthesis.interaction import with_probe_instructions
+    from data_synthesis.prompts import chat_text
+
+    question = "Question: how many customers live in Paris? " * 8
+    plain, full = (len(tokenizer(chat_text(tokenizer, m), add_special_tokens=False)["input_ids"])
+                   for m in ([{"role": "user", "content": question}],
+                             with_probe_instructions([{"role": "user", "content": question}], LIMITS)))
+    assert plain < full  # verl's filter measures the row without the instructions and keeps it at this limit
+    with pytest.raises(ValueError, match=rf"a prompt of {full} tokens with the probe instructions exceeds "
+                                         rf"verl.max_prompt_length={plain}; verl would cut it from the left"):
+        run_episode(tmp_path, demo_db_root, tokenizer, ["```sql\nSELECT 1\n```"], question=question,
+                    extra=[f"verl.max_prompt_length={plain}"])
 
 
 def test_dry_run_composes_the_tool_agent_sized_for_tables(tmp_path, demo_db_root):

@@ -182,6 +182,9 @@ class VerlBackend:
         if not eval_parquet.is_file():
             write_verl_parquet(data.eval_set, eval_parquet, data.db_root, compare=data.compare,
                                prompt_format=data.prompt_format)
+        if self.local.multi_turn is not None:
+            require_prompt_room([curriculum, eval_parquet], init, self.local.multi_turn[0],
+                                self.cfg.verl.max_prompt_length)
         plan = plan_stage(self.cfg, index, stage, curriculum, init, out, eval_parquet)
         resolved = compose_verl_config(plan.overrides, plan.tool_config)  # a bad key fails here, not on the cluster
         out.mkdir(parents=True, exist_ok=True)
@@ -348,6 +351,33 @@ def _gpu_gib() -> float:
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / 2**30
     return DEFAULT_GPU_GIB
+
+
+def require_prompt_room(parquets: list[Path], model: Path, limits, max_prompt_length: int) -> None:
+    """A multi-turn stage's prompts must fit `verl.max_prompt_length` with the probe instructions: verl's filter
+    measures a row without them (our agent loop adds them later), and a prompt past the limit would be cut from the
+    left (the loop refuses it mid-run instead). Rows too long even without them are verl's filter's to drop."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from data_synthesis.interaction import with_probe_instructions
+    from data_synthesis.prompts import chat_text
+
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+
+    def tokens(messages: list[dict]) -> int:
+        return len(tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"])
+
+    for parquet in parquets:
+        prompts = [[{"role": m["role"], "content": m["content"]} for m in p]
+                   for p in pq.read_table(parquet, columns=["prompt"]).column("prompt").to_pylist()]
+        cut = [full for p in prompts if tokens(p) <= max_prompt_length
+               and (full := tokens(with_probe_instructions(p, limits))) > max_prompt_length]
+        if cut:
+            raise ConfigError(f"{len(cut)} of {len(prompts)} prompts of {parquet} fit verl.max_prompt_length="
+                              f"{max_prompt_length} only without the probe instructions (up to {max(cut)} tokens "
+                              f"with them): verl's filter would keep them and its rollout cut them from the left; "
+                              f"raise verl.max_prompt_length to {max(cut)} or more")
 
 
 def _check_rows(curriculum: Path, stage: StageConfig) -> None:

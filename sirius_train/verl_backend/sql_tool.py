@@ -136,6 +136,17 @@ class SqlAgentLoop(ToolAgentLoop):
             kwargs["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": {"db_id": db_id}}}
         return await super().run(sampling_params, **kwargs)
 
+    def _cap_text_prompt_length(self, prompt_ids: list[int]) -> list[int]:
+        """Refuse a prompt past `rollout.prompt_length` instead of verl's cut from the left (a warning only): verl's
+        filter measured the row before `run` added the probe instructions, and a cut loses the system prompt or the
+        schema's first tables. The backend checks the curriculum before launch (`backend.require_prompt_room`)."""
+        limit = self.rollout_config.prompt_length
+        if len(prompt_ids) > limit:
+            raise ValueError(f"sirius_sql: a prompt of {len(prompt_ids)} tokens with the probe instructions exceeds "
+                             f"verl.max_prompt_length={limit}; verl would cut it from the left. Raise "
+                             f"verl.max_prompt_length to {len(prompt_ids)} or more")
+        return prompt_ids
+
     async def _handle_generating_state(self, agent_data, sampling_params: dict[str, Any],
                                        ignore_termination: bool = False) -> AgentState:
         mask = agent_data.response_mask
