@@ -277,6 +277,31 @@ class ServerProbes:
             self.fallback.close()
 
 
+def fit_observation(observation: str, tokens, budget: int) -> str:
+    """`observation` with its body cut so that `tokens(observation_segment(it))` <= `budget`: an observation's size is
+    capped in characters (`max_chars`), but a character may be several tokens (non-ASCII text under a byte-level
+    tokenizer), and a token budget reserved per observation must hold. Unchanged when it fits.
+
+    >>> obs = "<observation>\\nok: 1 row\\nx\\n" + "é" * 50 + "\\n</observation>"
+    >>> cut = fit_observation(obs, lambda t: len(t.encode()), 60)  # UTF-8 bytes as tokens
+    >>> len(observation_segment(cut).encode()) <= 60, cut.endswith("(cut to fit)\\n</observation>")
+    (True, True)
+    """
+    if tokens(observation_segment(observation)) <= budget:
+        return observation
+    head, tail = f"{OBSERVATION_OPEN}\n", f"\n{OBSERVATION_CLOSE}"
+    body = observation[len(head):-len(tail)] if observation.startswith(head) and observation.endswith(tail) else ""
+
+    def cut(k: int) -> str:
+        return f"{head}{body[:k].rstrip()}\n... (cut to fit){tail}"
+
+    low, high = 0, len(body)  # the longest prefix that fits (a longer prefix never has fewer tokens)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if tokens(observation_segment(cut(mid))) <= budget else (low, mid - 1)
+    return cut(low)
+
+
 def observation_segment(observation: str) -> str:
     """The text appended after a probe turn so that the model continues on a fresh line."""
     return f"\n{observation}\n"

@@ -181,3 +181,26 @@ def test_prompt_and_answer_past_the_models_positions_are_refused_before_anything
 
     with pytest.raises(ConfigError, match="1088 > the model's 1024 positions"):
         VerlBackend(load_config(CONFIGS / "nano.yaml", ["backend=verl", "verl.max_prompt_length=1024"]))
+
+
+def test_observations_alone_past_the_positions_name_the_multi_turn_knobs():
+    """verl's default 3 probes of 400 characters reserve more response tokens than nano's 1024 positions hold: no
+    prompt length can help, so the message names the multi-turn knobs (it once said 'lower verl.max_prompt_length
+    to -449')."""
+    from sirius_train.verl_backend.plans import require_positions
+
+    cfg = load_config(CONFIGS / "nano.yaml", ["backend=verl", "rollout.multi_turn.enabled=true"])
+    with pytest.raises(ConfigError) as refused:
+        require_positions(cfg)
+    message = str(refused.value)
+    assert "the response alone takes every position (stage 'stage2''s response is max_new_tokens 64 + " \
+           "rollout.multi_turn.max_turns 3 x 459 observation tokens (rollout.multi_turn.max_chars 400)); lower " \
+           "rollout.multi_turn.max_turns or max_chars" in message
+    assert "lower verl.max_prompt_length to -" not in message
+    # with room left for a prompt, the prompt length is the first fix, and the response's parts the other
+    cfg = load_config(CONFIGS / "nano.yaml", ["backend=verl", "rollout.multi_turn.enabled=true",
+                                              "rollout.multi_turn.max_turns=1"])
+    with pytest.raises(ConfigError, match=r"lower verl.max_prompt_length to 501 or less, or shorten the response "
+                                          r"\(stage 'stage2''s response is max_new_tokens 64 \+ rollout.multi_turn."
+                                          r"max_turns 1 x 459"):
+        require_positions(cfg)

@@ -257,6 +257,22 @@ def test_the_model_keeps_to_max_new_tokens_observations_aside(tmp_path, demo_db_
     assert out.num_turns == 2  # no probe ran
 
 
+def test_a_non_ascii_observation_is_cut_to_its_token_budget_and_the_episode_answers(tmp_path, demo_db_root,
+                                                                                      tokenizer):
+    """200 characters of CJK text are 600 byte-level tokens: counted as 200, the observation overran the response
+    budget and the episode ended unanswered (reward -1)."""
+    from sirius_train.verl_backend.translate import observation_tokens
+
+    one = ProbeLimits(max_turns=1, max_rows=3, max_chars=200, turn_timeout_s=1.0)
+    probe_turn = "<sql>SELECT replace(hex(zeroblob(100)), '00', '数据') AS x</sql>"  # 200 characters, 600 tokens
+    answer_turn = "```sql\nSELECT 1\n```" + tokenizer.eos_token
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn], limits=one)
+    assert len(policy.calls) == 2  # the answer was asked for after the observation
+    text = tokenizer.decode(out.response_ids)
+    assert text.endswith(answer_turn) and "... (cut to fit)\n</observation>" in text
+    assert out.response_mask.count(0) <= observation_tokens(one)  # the observation's tokens, within what was reserved
+
+
 def test_a_prompt_too_long_with_the_probe_instructions_is_refused_not_cut(tmp_path, demo_db_root, tokenizer):
     from data_synthesis.interaction import with_probe_instructions
     from data_synthesis.prompts import chat_text

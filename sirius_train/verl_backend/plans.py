@@ -80,17 +80,29 @@ def max_positions(cfg: RunConfig, model_path: str | Path | None = None) -> int |
 
 def require_positions(cfg: RunConfig, model_path: str | Path | None = None) -> None:
     """Prompt plus the longest response must fit the model's positions: vLLM refuses a longer max_model_len (and
-    verl's rollout asks for verl.max_prompt_length + data.max_response_length)."""
-    from sirius_train.verl_backend.translate import response_tokens
+    verl's rollout asks for verl.max_prompt_length + data.max_response_length). The fix named is the knob that
+    can make room: the prompt length while one is left, else the response's parts (multi-turn: its observations)."""
+    from sirius_train.verl_backend.translate import observation_tokens, response_tokens
 
     limit = max_positions(cfg, model_path)
     longest = max(cfg.stages, key=lambda s: response_tokens(cfg, s))
-    need = cfg.verl.max_prompt_length + response_tokens(cfg, longest)
-    if limit is not None and need > limit:
-        raise ConfigError(f"verl.max_prompt_length ({cfg.verl.max_prompt_length}) + stage {longest.name!r}'s "
-                          f"{response_tokens(cfg, longest)} response tokens = {need} > the model's {limit} positions "
-                          f"({model_path or cfg.model.path or 'model.max_position_embeddings'}): vLLM would refuse "
-                          f"to start; lower verl.max_prompt_length to {limit - response_tokens(cfg, longest)} or less")
+    response = response_tokens(cfg, longest)
+    need = cfg.verl.max_prompt_length + response
+    if limit is None or need <= limit:
+        return
+    what = (f"verl.max_prompt_length ({cfg.verl.max_prompt_length}) + stage {longest.name!r}'s {response} response "
+            f"tokens = {need} > the model's {limit} positions "
+            f"({model_path or cfg.model.path or 'model.max_position_embeddings'}): vLLM would refuse to start")
+    mt = cfg.rollout.multi_turn
+    room = (f"stage {longest.name!r}'s response is max_new_tokens {longest.max_new_tokens} + rollout.multi_turn."
+            f"max_turns {mt.max_turns} x {observation_tokens(mt)} observation tokens (rollout.multi_turn.max_chars "
+            f"{mt.max_chars})") if mt.enabled else f"stage {longest.name!r}'s max_new_tokens is {longest.max_new_tokens}"
+    if response < limit:
+        raise ConfigError(f"{what}; lower verl.max_prompt_length to {limit - response} or less, or shorten the "
+                          f"response ({room})")
+    fix = ("lower rollout.multi_turn.max_turns or max_chars" if mt.enabled and longest.max_new_tokens < limit
+           else f"lower stage {longest.name!r}'s max_new_tokens")
+    raise ConfigError(f"{what}: the response alone takes every position ({room}); {fix}")
 
 
 def stage_memory(cfg: RunConfig, shape: ModelShape, gpu_gib: float) -> list[tuple[str, list[PhasePlan]]]:

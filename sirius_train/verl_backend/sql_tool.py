@@ -36,6 +36,7 @@ from data_synthesis.interaction import (
     ProbeLimits,
     ServerProbes,
     TurnKind,
+    fit_observation,
     observation_segment,
     parse_turn,
     render_observation,
@@ -174,8 +175,13 @@ class SqlAgentLoop(ToolAgentLoop):
         response, reward, _ = await self._call_tool(agent_data.tool_calls[0], agent_data.tools_kwargs, agent_data)
         if reward is not None:
             agent_data.tool_rewards.append(reward)
-        ids = self.tokenizer.encode(observation_segment(self._as_observation(response.text)),
-                                    add_special_tokens=False)
+        def tokens(text: str) -> list[int]:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+
+        # no more than the tokens the response budget reserves for it (characters may be several tokens each)
+        observation = fit_observation(self._as_observation(response.text), lambda text: len(tokens(text)),
+                                      translate.observation_tokens(self.limits))
+        ids = tokens(observation_segment(observation))
         if len(agent_data.response_mask) + len(ids) >= self.response_length:
             return AgentState.TERMINATED
         agent_data.prompt_ids = agent_data.prompt_ids + ids

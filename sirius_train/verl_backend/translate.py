@@ -259,13 +259,18 @@ def hydra_value(value: object) -> str:
 
 
 def response_tokens(cfg: RunConfig, stage: StageConfig) -> int:
-    """verl's response budget: the model's `max_new_tokens`, plus room for every observation when the rollout
-    probes (verl counts observation tokens in the response; our agent loop keeps the model's own tokens to
-    `max_new_tokens`, as the local rollout does). An observation of n characters is at most n tokens unless
-    it holds non-ASCII text; past the budget an episode ends truncated."""
+    """verl's response budget: the model's `max_new_tokens`, plus `observation_tokens` for every observation when
+    the rollout probes (verl counts observation tokens in the response; our agent loop keeps the model's own tokens
+    to `max_new_tokens`, as the local rollout does, and each observation to `observation_tokens`)."""
     mt = cfg.rollout.multi_turn
-    observations = mt.max_turns * (max_observation_chars(mt) + 2) if mt.enabled else 0  # + observation_segment's
-    return stage.max_new_tokens + observations
+    return stage.max_new_tokens + (mt.max_turns * observation_tokens(mt) if mt.enabled else 0)
+
+
+def observation_tokens(mt) -> int:
+    """Tokens reserved per observation: one per character of the longest one, with `observation_segment`'s two
+    newlines. Text that tokenizes to more (non-ASCII values under a byte-level tokenizer: up to 4 tokens a
+    character) is cut in the agent loop to fit (`interaction.fit_observation`), never past the budget."""
+    return max_observation_chars(mt) + 2
 
 
 def tool_config(limits, db_root: str, max_new_tokens: int, reward_url: str | None = None) -> dict:
