@@ -132,7 +132,8 @@ def _after_model_token(e: _Episode, may_close: bool, tokenizer, probe: Probe, li
                        max_new_tokens: int, max_positions: int) -> None:
     """End the turn where the token closed it (or the budget did): finish the episode, or run its probe and queue
     the observation's tokens."""
-    out_of_tokens = e.model_tokens >= max_new_tokens
+    # the model's budget, or the model's positions: the token just sampled would be fed at position context + len
+    out_of_tokens = e.model_tokens >= max_new_tokens or e.context + len(e.tokens) >= max_positions
     ended_by_eos = e.tokens[-1] == tokenizer.eos_token_id
     if not (may_close or out_of_tokens):
         return

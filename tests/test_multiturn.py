@@ -213,6 +213,18 @@ def test_no_final_answer_is_a_format_failure_and_running_out_of_probes_or_tokens
         assert trainer.score(no_answer, items)[1].tolist() == [-1.0]  # format failure
 
 
+def test_an_episode_never_runs_past_the_models_positions(db_root):
+    """After an observation one position was left for the answer, and nothing stopped the model's next tokens at the
+    limit: an episode that rambled after its observation ran past max_position_embeddings."""
+    model, tokenizer = scripted_policy(WORDS, {**ONE_PROBE, "\n": "a", "a": "a"})  # after the observation: a, a, ...
+    roll = _episodes(model, tokenizer, db_root, n=1, temperature=0.0, max_new_tokens=200)
+    whole = int(roll.attention_mask.sum())  # unbounded: the prompt, the probe, the observation, 197 a's
+    model.config.max_position_embeddings = whole - 150
+    roll = _episodes(model, tokenizer, db_root, n=1, temperature=0.0, max_new_tokens=200)
+    assert int(roll.attention_mask.sum()) == model.config.max_position_embeddings  # to the last position, not past
+    assert roll.truncated.all() and roll.probes.tolist() == [1] and roll.answers == [None]
+
+
 def test_overlong_shaping_counts_model_tokens_only(db_root):
     model, tokenizer = scripted_policy(WORDS, ONE_PROBE)
     stage = replace(STAGE, max_new_tokens=8, overlong_cache=4)  # 4 model tokens: inside L_max - L_cache
