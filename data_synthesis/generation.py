@@ -62,6 +62,25 @@ class Rollout:
         return Rollout(*(pick(getattr(self, f.name)) for f in fields(self)))
 
 
+def tempered_log_softmax(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi, H(pi)) of (B, V) logits, pi = softmax(logits / temperature) in float32: the sampling policy's pi_old
+    and its entropy, as the update scores them (`-p log p` is 0 where p = 0)."""
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return log_p, torch.special.entr(log_p.exp()).sum(dim=-1)
+
+
+def token_ids_with(tokenizer, chars: str) -> torch.Tensor:
+    """The ids of every vocabulary token whose text holds one of `chars`: a block can only have closed after one."""
+    return torch.tensor(sorted({i for t, i in tokenizer.get_vocab().items()
+                                if any(c in tokenizer.convert_tokens_to_string([t]) for c in chars)}))
+
+
+def left_pad_cat(tensors: list[torch.Tensor], value: int) -> torch.Tensor:
+    """(N, W) rows of (n_i, w_i) tensors, each left-padded with `value` to the widest: prompts of several calls."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value) for t in tensors])
+
+
 class SampledTokenLogprobs(LogitsProcessor):
     """Records log pi(token) and H(pi) for every token `generate` samples, pi = softmax(logits / temperature).
 
@@ -81,9 +100,8 @@ class SampledTokenLogprobs(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if input_ids.shape[1] > self.prompt_len:
             self._take(input_ids[:, -1])
-        log_p = torch.log_softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
-        self.entropies.append(torch.special.entr(log_p.exp()).sum(dim=-1))  # -p log p, 0 where p = 0
-        self.pending = log_p
+        self.pending, entropy = tempered_log_softmax(scores, self.temperature)
+        self.entropies.append(entropy)
         return scores
 
     def _take(self, tokens: torch.Tensor) -> None:
@@ -105,8 +123,7 @@ class SQLBlockClosed(StoppingCriteria):
     def __init__(self, tokenizer, prompt_len: int):
         self.tokenizer = tokenizer
         self.prompt_len = prompt_len
-        self.backtick_ids = torch.tensor(sorted({i for t, i in tokenizer.get_vocab().items()
-                                                 if "`" in tokenizer.convert_tokens_to_string([t])}))
+        self.backtick_ids = token_ids_with(tokenizer, "`")
         self.stopped_at: torch.Tensor | None = None  # (B,) response length when the block closed, -1: never
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
@@ -250,17 +267,14 @@ def prompt_cache(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, row
 
 def _assemble(parts, tokenizer) -> Rollout:
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    P = max(p[0].shape[1] for p in parts)
     R = max(max(p[2].shape[1] for p in parts), 1)
-    prompt_ids, prompt_mask, response_ids, response_mask, lengths, truncated, texts = [], [], [], [], [], [], []
+    response_ids, response_mask, lengths, truncated, texts = [], [], [], [], []
     recorded: list[tuple[torch.Tensor, torch.Tensor]] = []
     for p_ids, p_mask, resp, sql_closed_at, sampled in parts:
         # A response ends where generation stopped it: at its first EOS (kept: the model must learn to stop)
         # or where its SQL block closed. What `generate` appends after that is filler; a pad token the policy
         # sampled before it is part of the answer (pad may be a real token: Qwen-Instruct's <|endoftext|>).
         length, ended_with_eos = stop_lengths(resp.cpu(), sql_closed_at, eos)  # (n,), (n,)
-        prompt_ids.append(torch.nn.functional.pad(p_ids, (P - p_ids.shape[1], 0), value=pad))
-        prompt_mask.append(torch.nn.functional.pad(p_mask, (P - p_mask.shape[1], 0), value=0))
         resp = torch.nn.functional.pad(resp, (0, R - resp.shape[1]), value=pad)
         length = length.to(resp.device)
         mask = (torch.arange(R)[None, :].to(resp.device) < length[:, None]).long()
@@ -273,8 +287,8 @@ def _assemble(parts, tokenizer) -> Rollout:
             recorded.append(tuple(torch.where(mask.bool(), torch.nn.functional.pad(x, (0, R - x.shape[1])), 0.0)
                                   for x in sampled))
     old = [torch.cat(xs) for xs in zip(*recorded)] if recorded else [None, None]
-    return Rollout(torch.cat(prompt_ids), torch.cat(prompt_mask), torch.cat(response_ids), torch.cat(response_mask),
-                   texts, torch.cat(lengths), torch.cat(truncated), *old)
+    return Rollout(left_pad_cat([p[0] for p in parts], pad), left_pad_cat([p[1] for p in parts], 0),
+                   torch.cat(response_ids), torch.cat(response_mask), texts, torch.cat(lengths), torch.cat(truncated), *old)
 
 
 def stop_lengths(resp: torch.Tensor, sql_closed_at: torch.Tensor, eos: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from data_synthesis.generation import Rollout, encode_prompts, left_pad_positions, prompt_cache
-from data_synthesis.interaction import (EpisodeEnd, ProbeLimits, TurnKind, episode_end, observation_segment,
-                                        parse_turn, with_probe_instructions)
+from data_synthesis.generation import (Rollout, encode_prompts, left_pad_cat, left_pad_positions, prompt_cache,
+                                      tempered_log_softmax, token_ids_with)
+from data_synthesis.interaction import (EpisodeEnd, ProbeLimits, TurnKind, end_or_observe, parse_turn,
+                                        with_probe_instructions)
 
 Probe = Callable[[int, "str | None"], str]  # (prompt index, probe SQL) -> observation text
 
@@ -60,7 +61,7 @@ def generate_episodes(model, tokenizer, prompts: list[list[dict]], probe: Probe,
         prompts = [with_probe_instructions(p, limits) for p in prompts]
     device = next(model.parameters()).device
     max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-    closers = _closing_token_ids(tokenizer)
+    closers = token_ids_with(tokenizer, "`>")  # only after one of them can a turn have closed a block
     per_call = max(1, batch_size // n)
     was_training = model.training
     model.eval()
@@ -140,12 +141,9 @@ def _after_model_token(e: _Episode, may_close: bool, tokenizer, probe: Probe, li
     turn = parse_turn(tokenizer.decode(e.tokens[e.turn_start:], skip_special_tokens=True))
     if turn.kind is TurnKind.NONE and not (ended_by_eos or out_of_tokens):
         return  # a backtick or '>' that closed nothing: the turn goes on
-    e.end = episode_end(turn, e.probes, limits, out_of_tokens)
-    if e.end is EpisodeEnd.ANSWERED:
-        e.answer = turn.sql
-    if e.end is not None:
+    observation = end_or_observe(e, turn, limits, out_of_tokens, probe, tokenizer)
+    if observation is None:
         return
-    observation = tokenizer(observation_segment(probe(e.prompt, turn.sql)), add_special_tokens=False)["input_ids"]
     if e.context + len(e.tokens) + len(observation) + 1 > max_positions:  # no room left to answer after it
         e.end = EpisodeEnd.TRUNCATED
         return
@@ -161,7 +159,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float):
         token = logits.argmax(dim=-1)
         zeros = torch.zeros(len(token))
         return token, zeros, zeros
-    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)  # (b, V)
+    log_p, entropy = tempered_log_softmax(logits, temperature)  # (b, V), (b,)
     p = log_p.exp()
     draw = p
     if top_p < 1.0:  # keep the smallest set of most likely tokens whose mass reaches top_p
@@ -169,26 +167,19 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float):
         outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # (b, V) mass before this token already enough
         draw = torch.zeros_like(p).scatter(1, order, sorted_p.masked_fill(outside, 0.0))
     token = torch.multinomial(draw, 1)[:, 0]
-    return token, log_p.gather(1, token[:, None])[:, 0].cpu(), torch.special.entr(p).sum(dim=-1).cpu()
-
-
-def _closing_token_ids(tokenizer) -> torch.Tensor:
-    """Tokens whose text holds a backtick or '>': only after one of them can a turn have closed a block."""
-    return torch.tensor(sorted({i for t, i in tokenizer.get_vocab().items()
-                                if any(c in tokenizer.convert_tokens_to_string([t]) for c in "`>")}))
+    return token, log_p.gather(1, token[:, None])[:, 0].cpu(), entropy.cpu()
 
 
 def _assemble(parts, tokenizer, record: bool) -> Rollout:
     pad = tokenizer.pad_token_id
-    P = max(p[0].shape[1] for p in parts)
     episodes = [e for _, _, eps in parts for e in eps]
     R = max(max(len(e.tokens) for e in episodes), 1)
 
     def rows(values) -> torch.Tensor:  # right-padded (N, R)
         return torch.tensor([v + [0] * (R - len(v)) for v in values])
 
-    prompt_ids = torch.cat([torch.nn.functional.pad(ids, (P - ids.shape[1], 0), value=pad) for ids, _, _ in parts])
-    prompt_mask = torch.cat([torch.nn.functional.pad(m, (P - m.shape[1], 0), value=0) for _, m, _ in parts])
+    prompt_ids = left_pad_cat([ids for ids, _, _ in parts], pad)
+    prompt_mask = left_pad_cat([m for _, m, _ in parts], 0)
     device = prompt_ids.device
     response_ids = torch.tensor([e.tokens + [pad] * (R - len(e.tokens)) for e in episodes], device=device)
     response_mask = rows([[1] * len(e.tokens) for e in episodes]).to(device)
