@@ -222,4 +222,5 @@ def register(app: typer.Typer) -> None:
         if not quiet:
             for line in lines:
                 stderr.print(f"[bold]{line['id']}[/] {line['sql']}\n    {line['why']}")
-        stderr.print(f"wrote {output} ({len(lines)} answers, {len(refused)} too long for the model) and {trace_path}")
+        stderr.print(f"wrote {output} ({len(lines)} answers, {len(refused)} too long for the model) and {trace_path}",
+                     soft_wrap=True)
