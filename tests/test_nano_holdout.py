@@ -145,6 +145,16 @@ def test_demo_never_trains_on_its_held_out_databases_or_questions(run_data):
     assert not unseen[0] & unseen[1]
 
 
+def test_the_inference_example_is_in_no_training_pool(run_data):
+    """docs/INFERENCE.md shows the demo's model answering a question "in none of its training pools": so it is."""
+    cfg, data = run_data
+    if not cfg.data.sft_flaws:
+        pytest.skip("the claim is about the shipped data")
+    question = re.search(r'--question "([^"]+)"', (README.parent / "docs" / "INFERENCE.md").read_text())[1]
+    assert "in none of its training pools" in (README.parent / "docs" / "INFERENCE.md").read_text()
+    assert question not in {e.question for e in data.sft_pool + data.rl_pool}
+
+
 def test_an_unseen_claim_fails_on_held_out_tables_of_training_types(run_data):
     """The check above can fail: claim unseen names for the seen-types sets, and it does."""
     cfg, data = run_data
