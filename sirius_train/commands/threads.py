@@ -19,7 +19,7 @@ def idle_cores(cores: int, load: float) -> int:
     """Cores the 1-minute load average leaves idle, at least 1.
 
     >>> idle_cores(2, 0.1), idle_cores(2, 0.9), idle_cores(2, 3.5), idle_cores(16, 4.2)
-    (2, 1, 1, 11)
+    (2, 1, 1, 12)
     """
     return max(1, min(cores, int(cores - load + 0.5)))
 
