@@ -235,7 +235,12 @@ def test_a_killed_benchmark_resumes_with_the_same_figures(tiny, trained, tmp_pat
     cache.write_text("".join(lines[:4]) + lines[4][:20])  # killed mid-write in the second chunk
     _cli(*args)
     again = json.loads((tmp_path / "r.json").read_text())["models"][0]
-    assert again["overall"] == first["overall"] and "selected_ex" in again["overall"]
+
+    def answers(overall: dict) -> dict:  # R-VES times the right answers again on every call: not from the cache
+        return {k: v for k, v in overall.items() if k != "greedy_r_ves"}
+
+    assert answers(again["overall"]) == answers(first["overall"]) and "selected_ex" in again["overall"]
+    assert again["overall"]["greedy_r_ves"] > 0 and first["overall"]["greedy_r_ves"] > 0
     assert again["generated"] == len(lines) - 4  # the first chunk came from the cache
     _some_right(first["overall"]["greedy_ex"], len(lines))
     assert len(cache.read_text().splitlines()) == len(lines)

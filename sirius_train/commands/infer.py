@@ -94,7 +94,8 @@ def too_long(generator, question) -> str | None:
     if context is None:
         return None
     prompt = build_prompt(question, generator.few_shot, None, generator.prompt_format)
-    tokens = len(sampler.tokenizer(chat_text(sampler.tokenizer, prompt), add_special_tokens=False)["input_ids"])
+    text = chat_text(sampler.tokenizer, prompt)  # verbose=False: no transformers warning, this check says it
+    tokens = len(sampler.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
     if tokens < context:
         return None
     return (f"the prompt is {tokens} tokens, the {generator.name}'s context {context}: no room for an answer "
