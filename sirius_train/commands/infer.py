@@ -191,6 +191,10 @@ def register(app: typer.Typer) -> None:
         with one_line_errors():
             questions = read_questions(input, db_id, question)
             fmt = resolve_format(specialist, config, schema_style, schema_samples, system_prompt)
+            if quiet and not specialist.startswith(("http://", "https://")):
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()  # its "Loading weights" bar is 3 lines on a pipe
             sampler = specialist_sampler(specialist, specialist_model)
             if multi_turn:
                 from data_synthesis.interaction import ProbeLimits
