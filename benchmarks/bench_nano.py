@@ -231,12 +231,12 @@ def per_phase(detail: dict[int, dict]) -> list[str]:
     return lines
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the marked bench section of `path` (the whole file when it has no markers)."""
+def write_section(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the section of `path` marked `begin` ... `end` (the whole file when it has no markers)."""
     old = path.read_text() if path.is_file() else ""
-    section = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in old and END in old:
-        new = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: section, old, count=1, flags=re.S)
+    section = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, old, count=1, flags=re.S)
     else:
         new = section + "\n"
     path.write_text(new)

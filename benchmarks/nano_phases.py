@@ -181,7 +181,7 @@ def main() -> None:
     import torch
 
     from sirius_train.config import load_config
-    from sirius_train.local.model import load_model
+    from data_synthesis.checkpoints import load_model
     from sirius_train.schedule import prepare_data
 
     cfg = load_config(args.run_dir / "config.yaml", [f"output_dir={args.run_dir.parent}", f"name={args.run_dir.name}"])

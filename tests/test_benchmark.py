@@ -406,7 +406,7 @@ def test_one_line_errors(demo_db_root, tmp_path):
             "--workers", 0]
     cases = {"has no tokenizer": ["--model", folder],
              "unreachable": ["--model", f"http://127.0.0.1:{_free_port()}/v1", "--served-model", "x"],
-             "model folder not found": ["--model", tmp_path / "absent"]}
+             "model path not found": ["--model", tmp_path / "absent"]}
     for message, extra in cases.items():
         result = _cli(*base, *extra, code=2)
         errors = [line for line in result.output.splitlines() if line.startswith("error:")]

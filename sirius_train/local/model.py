@@ -1,4 +1,5 @@
-"""Models and tokenizers for the local backend: load a local Hugging Face checkpoint, or build a nano one.
+"""Models and tokenizers for the local backend: a local Hugging Face checkpoint (`data_synthesis.checkpoints`,
+the loader every command shares), or a nano one built here.
 
 The nano default trains its tokenizer on the spot (byte-level BPE from `tokenizers`, so any text
 encodes) and builds a small Llama-architecture model from a config: nothing is downloaded, and the
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
 
 # A compact chat template: the nano model has no room for verbose role headers.
 NANO_CHAT_TEMPLATE = (
@@ -75,32 +76,6 @@ def build_nano_model(config: NanoModelConfig, tokenizer, seed: int = 0):
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
-
-
-def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, gguf_file: str | None = None):
-    """Load a local HF causal LM and its tokenizer (`gguf_file=` for a GGUF checkpoint in `path`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time; "
-                                "point model.path at a local folder)")
-    kwargs = {"local_files_only": True}
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
-    if gguf_file:  # transformers' GGUF tokenizer converter gives a byte-level BPE vocabulary bos as eos
-        # (SmolLM2: <|im_start|>, so answers ran past <|im_end|>); the file's own ids are in the model config
-        for role in ("bos", "eos", "pad"):
-            token_id = getattr(model.config, f"{role}_token_id", None)
-            if isinstance(token_id, int):
-                setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
 
 
 def count_parameters(model) -> int:

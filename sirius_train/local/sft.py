@@ -110,12 +110,13 @@ class SFTOptions:
     gradient_checkpointing: bool = False  # recompute activations in backward: long sequences on big models
     deepspeed: str | None = None  # DeepSpeed JSON; None: plain PyTorch (CPU, or DDP under a launcher)
     seed: int = 0
+    bf16: bool = False  # mixed precision: float32 weights, bf16 autocast (on a CPU too; local/precision.py)
 
 
 def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir: str | Path, *, epochs: float = 3.0,
               lr: float = 2e-3, batch_size: int = 32, warmup_ratio: float = 0.05, weight_decay: float = 0.0,
               max_len: int = 512, packing: bool = False, deepspeed: str | None = None, seed: int = 0,
-              gradient_accumulation_steps: int = 1, gradient_checkpointing: bool = False,
+              gradient_accumulation_steps: int = 1, gradient_checkpointing: bool = False, bf16: bool = False,
               callbacks=(), report_to=()) -> dict:
     """Fine-tune `model` in place on (prompt messages, answer text) pairs; resumes from `output_dir` checkpoints.
 
@@ -125,7 +126,7 @@ def train_sft(model, tokenizer, pairs: list[tuple[list[dict], str]], output_dir:
     options = SFTOptions(epochs=epochs, lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio,
                          weight_decay=weight_decay, deepspeed=deepspeed, seed=seed,
                          gradient_accumulation_steps=gradient_accumulation_steps,
-                         gradient_checkpointing=gradient_checkpointing)
+                         gradient_checkpointing=gradient_checkpointing, bf16=bf16)
     encoded = [e for e in (encode_example(tokenizer, p, a, max_len) for p, a in pairs) if e is not None]
     dropped = len(pairs) - len(encoded)
     if not encoded:
@@ -168,7 +169,7 @@ def training_arguments(output_dir: str | Path, options: SFTOptions, on_gpu: bool
         per_device_train_batch_size=options.batch_size, gradient_accumulation_steps=options.gradient_accumulation_steps,
         warmup_steps=options.warmup_ratio, weight_decay=options.weight_decay, lr_scheduler_type="cosine",
         logging_steps=10, save_strategy="steps", save_steps=200, report_to=list(report_to),
-        seed=options.seed, data_seed=options.seed, use_cpu=not on_gpu, bf16=on_gpu and torch.cuda.is_bf16_supported(),
+        seed=options.seed, data_seed=options.seed, use_cpu=not on_gpu, bf16=options.bf16,
         gradient_checkpointing=options.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if options.gradient_checkpointing else None,
         deepspeed=deepspeed, dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=True,
@@ -179,19 +180,24 @@ def check_run_config(cfg) -> None:
     """The warm start's launch rules for a run config (`sirius train` / `sirius sft` call it right after loading
     it): its DeepSpeed config must fit the training arguments, when the SFT uses one."""
     if cfg.sft.enabled and cfg.sft.deepspeed:
-        check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device)
+        check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device, dtype=cfg.model.dtype)
 
 
-def check_sft_deepspeed(sft, *, seed: int = 0, device: str = "auto", world_size: int | None = None) -> dict:
-    """`check_deepspeed_config` for a run config's `sft` section, with the arguments `train_sft` will use.
+def check_sft_deepspeed(sft, *, seed: int = 0, device: str = "auto", world_size: int | None = None,
+                        dtype: str = "auto") -> dict:
+    """`check_deepspeed_config` for a run config's `sft` section, with the arguments `train_sft` will use
+    (`dtype`: the run's `model.dtype`).
 
     `world_size` defaults to the launch's (`WORLD_SIZE`, 1 outside a launcher).
     """
+    from sirius_train.local.precision import compute_dtype
+
+    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     options = SFTOptions(epochs=sft.epochs, lr=sft.lr, batch_size=sft.batch_size, warmup_ratio=sft.warmup_ratio,
                          weight_decay=sft.weight_decay, deepspeed=sft.deepspeed, seed=seed,
                          gradient_accumulation_steps=sft.gradient_accumulation_steps,
-                         gradient_checkpointing=sft.gradient_checkpointing)
-    on_gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+                         gradient_checkpointing=sft.gradient_checkpointing,
+                         bf16=compute_dtype(dtype, "cuda" if on_gpu else "cpu") == torch.bfloat16)
     args = training_arguments("unused", options, on_gpu)
     return check_deepspeed_config(sft.deepspeed, args, world_size or ranks.launch_world_size())
 

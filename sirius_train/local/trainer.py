@@ -161,7 +161,8 @@ class DAPOTrainer:
 
     def __init__(self, model, tokenizer, items: list[TrainItem], stage: StageConfig, executor: Executor, *,
                  ckpt_dir, metrics: MetricsLog, seed: int = 0, compare: str = "bird", evaluate=None,
-                 progress=None, multi_turn: ProbeLimits | None = None, probe=None):
+                 progress=None, multi_turn: ProbeLimits | None = None, probe=None,
+                 compute_dtype: torch.dtype | None = None):
         if (multi_turn is None) != (probe is None):
             raise ValueError("multi-turn rollouts need both `multi_turn` (the limits) and `probe` (the runner)")
         if not items:
@@ -173,11 +174,13 @@ class DAPOTrainer:
         self.progress = progress  # callable(step, row) for a progress bar
         self.multi_turn, self.probe = multi_turn, probe
         self.device = next(model.parameters()).device
+        # forward passes in `compute_dtype` (autocast) over the weights' own dtype, float32 on the local backend
+        self.compute_dtype = compute_dtype or next(model.parameters()).dtype
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=stage.lr,
                                            betas=(0.9, 0.999), weight_decay=stage.weight_decay)
         self.gate = EntropyGate(EntropyGateConfig(**vars(stage.entropy)))
         self.sampler = EpochSampler(len(items), seed)
-        self.old_logprobs = old_logprobs_source(stage.old_logprobs, next(model.parameters()).dtype)
+        self.old_logprobs = old_logprobs_source(stage.old_logprobs, self.compute_dtype)
         self.step = 0
         self.nonfinite_in_a_row = 0  # optimizer steps skipped for a non-finite gradient norm, consecutively
 
@@ -271,8 +274,14 @@ class DAPOTrainer:
                         "skipped_steps": 0})
         elapsed = time.monotonic() - t0
         row.update({"gen_time_s": round(gen_time, 3), "step_time_s": round(elapsed, 3),
-                    "tokens_per_s": round(generated / elapsed, 1), "lr": lr})
+                    "tokens_per_s": round(generated / elapsed, 1), "lr": lr, "peak_rss_gib": peak_rss_gib()})
+        if self.device.type == "cuda":
+            row["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 3)
         return row
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype,
+                              enabled=self.compute_dtype != next(self.model.parameters()).dtype)
 
     def rollout(self, indices: list[int]) -> Rollout:
         """G answers (single-turn) or episodes (multi-turn) for each curriculum item in `indices`."""
@@ -280,13 +289,14 @@ class DAPOTrainer:
         prompts = [self.items[i].prompt for i in indices]
         sampling = dict(n=G, temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                         batch_size=cfg.gen_batch_size, record_logprobs=self.old_logprobs == "sampler")
-        if self.multi_turn is None:
-            return generate(self.model, self.tokenizer, prompts, **sampling)
-        from data_synthesis.multiturn import generate_episodes
+        with self.autocast():
+            if self.multi_turn is None:
+                return generate(self.model, self.tokenizer, prompts, **sampling)
+            from data_synthesis.multiturn import generate_episodes
 
-        return generate_episodes(self.model, self.tokenizer, prompts,
-                                 lambda k, sql: self.probe(self.items[indices[k]].db_id, sql), self.multi_turn,
-                                 **sampling)
+            return generate_episodes(self.model, self.tokenizer, prompts,
+                                     lambda k, sql: self.probe(self.items[indices[k]].db_id, sql), self.multi_turn,
+                                     **sampling)
 
     def score(self, roll: Rollout, items: list[TrainItem]) -> tuple[torch.Tensor, torch.Tensor]:
         """(correct, shaped reward) per answer: execution reward + DAPO overlong shaping (model tokens only).
@@ -314,7 +324,7 @@ class DAPOTrainer:
         if batch.old_log_prob is not None:  # pi_old as the sampler saw it: no extra forward pass
             old_log_prob, old_entropy = batch.old_log_prob, batch.old_entropy
         else:  # pi_old recomputed by a full forward, before any update of this step (as verl does)
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 old_parts, ent_parts = zip(*(response_logprobs(self.model, batch.select(range(s, min(s + micro, N))),
                                                                cfg.temperature) for s in range(0, N, micro)))
                 old_log_prob, old_entropy = torch.cat(old_parts), torch.cat(ent_parts)
@@ -330,7 +340,8 @@ class DAPOTrainer:
                 mb_tokens = mask[mb].sum().clamp(min=1)
                 for start in range(0, len(mb), micro):
                     idx = mb[start:start + micro]
-                    log_prob, entropy = response_logprobs(self.model, batch.select(idx), cfg.temperature)
+                    with self.autocast():
+                        log_prob, entropy = response_logprobs(self.model, batch.select(idx), cfg.temperature)
                     pg_loss, m = policy_loss(log_prob, old_log_prob[idx], token_adv[idx], mask[idx],
                                              clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
                                              num_tokens_global=mb_tokens)
@@ -364,6 +375,13 @@ class DAPOTrainer:
                     "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
                     "skipped_steps": skipped, "adv_abs_mean": float(advantages.abs().mean()), "n_answers": N})
         return out
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far (GiB): what a machine must hold for the run."""
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # kB on Linux
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:

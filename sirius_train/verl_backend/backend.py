@@ -358,12 +358,12 @@ def require_prompt_room(parquets: list[Path], model: Path, limits, max_prompt_le
     measures a row without them (our agent loop adds them later), and a prompt past the limit would be cut from the
     left (the loop refuses it mid-run instead). Rows too long even without them are verl's filter's to drop."""
     import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
 
+    from data_synthesis.checkpoints import load_tokenizer
     from data_synthesis.interaction import with_probe_instructions
     from data_synthesis.prompts import chat_text
 
-    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    tokenizer = load_tokenizer(model)
 
     def tokens(messages: list[dict]) -> int:
         return len(tokenizer(chat_text(tokenizer, messages), add_special_tokens=False)["input_ids"])
