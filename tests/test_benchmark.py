@@ -15,7 +15,7 @@ import pytest
 from fake_openai import FakeOpenAIServer
 from typer.testing import CliRunner
 
-from sirius_train.benchmark_figures import QuestionScore, figures, pass_at_k
+from sirius_train.evaluation.figures import QuestionScore, figures, pass_at_k
 from sirius_train.cli import app
 
 TINY_RUN = pytest.mark.timeout(1800)  # the first test to ask builds the shared tiny run (tests/tiny_demo.py)
@@ -60,7 +60,7 @@ def test_maj_at_k_is_the_selectors_majority_vote(demo_db_root):
     from rewards.executor import Executor
     from rewards.outcome import Status
     from rewards.scoring import ScoreItem
-    from sirius_train.benchmark import score_samples
+    from sirius_train.evaluation.figures import score_samples
     from sirius_train.inference.selector import Ballot, majority_vote
 
     gold = ("retail", "SELECT COUNT(*) FROM customers")
@@ -310,7 +310,7 @@ def test_a_changed_questions_file_or_database_is_generated_again(demo_db_root, t
 
 def test_the_cache_key_follows_the_models_files_and_the_scoring_timeout(tmp_path):
     from data_synthesis.prompts import PromptFormat
-    from sirius_train.benchmark import BenchQuestion, ModelSpec, Settings, cache_path
+    from sirius_train.evaluation.benchmark import BenchQuestion, ModelSpec, Settings, cache_path
 
     db_root = tmp_path / "dbs"
     (db_root / "d").mkdir(parents=True)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sirius_train.evaluation import EvaluationInputError, load_items
-from sirius_train.hardness import hardness_counts, spider_hardness
+from sirius_train.evaluation.reports import EvaluationInputError, load_items
+from sirius_train.evaluation.hardness import hardness_counts, spider_hardness
 
 PARIS = "SELECT count(*) FROM customers WHERE city = 'Paris'"
 ROME = "SELECT count(*) FROM customers WHERE city = 'Rome'"

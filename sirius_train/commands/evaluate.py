@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Execution accuracy per difficulty bucket and per database (our JSONL, BIRD or Spider files)."""
-        from sirius_train.evaluation import (detect_format, ex_report, load_items, markdown_report, score_items,
+        from sirius_train.evaluation.reports import (detect_format, ex_report, load_items, markdown_report, score_items,
                                              write_report)
 
         with one_line_errors():
@@ -74,7 +74,7 @@ def official_metrics(items, results, db_root: Path, mode: str, *, ves_repeats: i
 
     from rewards.executor import Executor
     from rewards.sandbox import Limits
-    from sirius_train import official_eval
+    from sirius_train.evaluation import official_eval
 
     pairs = [(it.db_id, it.gold_sql, it.pred_sql) for it in items]
     matches = [r.match for r in results]

@@ -5,7 +5,7 @@ For each model: the questions rendered in the model's own training format (its `
 (HF generate with one prefill per prompt, vLLM, or any OpenAI-compatible server), every answer scored by
 the reward's scorer (`rewards.executor`), the majority vote over execution results by the selector's own
 `majority_vote`, and with `lifecycle` the full candidates -> lifecycle -> hybrid selector path. Figures:
-`benchmark_figures`. Work is cached per chunk of questions, so a killed benchmark resumes where it stopped.
+`sirius_train.evaluation.figures`. Work is cached per chunk of questions, so a killed benchmark resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data_synthesis.prompts import PromptFormat
-from sirius_train.benchmark_figures import QuestionScore, breakdown
+from sirius_train.evaluation.figures import QuestionScore, breakdown, score_samples
 
 ENGINES = ("hf", "vllm", "openai")
 FORMATS = ("auto", "jsonl", "spider", "bird")
@@ -58,7 +58,7 @@ def load_questions(path: Path, fmt: str = "auto") -> list[BenchQuestion]:
     """Questions from our JSONL, Spider `dev.json` or BIRD `dev.json` (evidence and difficulty kept);
     buckets: the dataset's difficulty, else Spider's hardness of the gold SQL."""
     from data_synthesis.loaders import DatasetError, load_dataset
-    from sirius_train.hardness import spider_hardness
+    from sirius_train.evaluation.hardness import spider_hardness
 
     if fmt not in FORMATS:
         raise BenchmarkError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -307,31 +307,6 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
     return rows
 
 
-def score_samples(executor, golds: list[tuple[str, str]], sample_sql: list[list[str | None]], compare: str,
-                  k: int) -> list[tuple[list[bool], bool]]:
-    """Per question (db_id, gold SQL): each sample's match by the reward's scorer, and whether the
-    selector's `majority_vote` over the execution results of the first k samples picks a correct one."""
-    from rewards.outcome import Status
-    from rewards.scoring import ScoreItem
-    from sirius_train.inference.selector import Ballot, majority_vote
-
-    matches = iter(r.match for r in executor.score([ScoreItem(db, gold, sql, compare)
-                                                    for (db, gold), sqls in zip(golds, sample_sql) for sql in sqls]))
-    outcomes = iter(executor.execute_many([(db, sql) for (db, _), sqls in zip(golds, sample_sql)
-                                           for sql in sqls[:k] if sql is not None]))
-    out = []
-    for sqls in sample_sql:
-        mine = [next(matches) for _ in sqls]
-        ballots = []
-        for sql in sqls[:k]:
-            outcome = None if sql is None else next(outcomes)
-            ballots.append(Ballot("sample", "", Status.REJECTED) if outcome is None else
-                           Ballot("sample", sql, outcome.status, outcome.rows))
-        pick = majority_vote(ballots, compare).index
-        out.append((mine, pick is not None and mine[pick]))
-    return out
-
-
 def _selected(chunk, sampled, db_root: Path, settings: Settings, executor) -> list[str | None]:
     """The hybrid selector's pick after the lifecycle (model-free repair), with the samples as candidates."""
     from rewards.extract import extract_sql
@@ -372,7 +347,7 @@ def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: 
                          "at_max_new_tokens": tokens.at_limit},
               **breakdown(scores(questions, rows), settings.k, BUCKET_ORDER)}
     for name, values in (official or {}).items():
-        from sirius_train.official_metrics import group_means
+        from sirius_train.evaluation.official_metrics import group_means
 
         report["overall"][name] = sum(values) / len(values) if values else 0.0
         for group, key in (("buckets", "bucket"), ("databases", "db_id")):
@@ -386,7 +361,7 @@ def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: 
 
 def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows: list[dict]) -> list[Path]:
     """Greedy answers as Spider's `pred.sql` (one query a line) and BIRD's `predict_dev.json`."""
-    from sirius_train.evaluation import BIRD_SEPARATOR
+    from sirius_train.evaluation.reports import BIRD_SEPARATOR
 
     def one_line(sql: str | None) -> str:
         return " ".join((sql or "").split())
@@ -400,7 +375,7 @@ def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows
 
 
 SHOWN = ("greedy_ex", "mean_sampled_ex", "maj_at_k", "pass_at_k", "headroom", "selected_ex")
-# of the greedy answers (sirius_train.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
+# of the greedy answers (sirius_train.evaluation.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
 # Soft-F1 with --compare bird, test-suite accuracy with --test-suite
 OFFICIAL = ("greedy_r_ves", "greedy_soft_f1", "greedy_ts")
 

@@ -1,4 +1,4 @@
-"""Executing and timing for the official metrics (`sirius_train.official_metrics` holds the arithmetic).
+"""Executing and timing for the official metrics (`sirius_train.evaluation.official_metrics` holds the arithmetic).
 
 Every query runs in the reward's sandbox (`rewards.sandbox`), never on a bare connection: the official
 scripts run untrusted SQL with plain `sqlite3`; we keep their semantics, not their exposure.
@@ -24,7 +24,7 @@ from rewards.databases import UnknownDatabase, resolve_db_path
 from rewards.sandbox import Limits, Sandbox
 from rewards.scoring import ScoreItem
 from rewards.suites import Suite
-from sirius_train.official_metrics import VES_REPEATS, soft_f1, time_ratio, ts_normalize, ves_reward
+from sirius_train.evaluation.official_metrics import VES_REPEATS, soft_f1, time_ratio, ts_normalize, ves_reward
 
 Pair = tuple[str, str, str | None]  # (db_id, gold SQL, predicted SQL or None)
 

@@ -12,9 +12,9 @@ in training can never disagree. Three input layouts:
 - Spider: `pred.sql` (one query a line), gold `dev_gold.sql` (`SQL\\tdb_id` lines); paired by position.
 
 Buckets: the gold's `difficulty` (BIRD: simple / moderate / challenging) when there is one, from the
-gold file or `difficulty_file`; otherwise Spider's hardness of the gold SQL (`sirius_train.hardness`).
+gold file or `difficulty_file`; otherwise Spider's hardness of the gold SQL (`sirius_train.evaluation.hardness`).
 Reports are written as JSON, Markdown and a PNG chart. Beside EX, a report carries the official metrics it
-was given per question (`sirius_train.official_metrics`): R-VES and Soft-F1 (BIRD), test-suite accuracy,
+was given per question (`sirius_train.evaluation.official_metrics`): R-VES and Soft-F1 (BIRD), test-suite accuracy,
 EX on variant databases -- each overall, per bucket and per database.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from data_synthesis.jsonl import JsonlError, read_json, read_jsonl, read_text
 from rewards.scoring import ScoreItem, ScoreResult
-from sirius_train.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
+from sirius_train.evaluation.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
 
 BIRD_SEPARATOR = "\t----- bird -----\t"
 BIRD_BUCKETS = ("simple", "moderate", "challenging")

@@ -1,6 +1,6 @@
 """The field's official metrics beside EX, as pure functions of results and timings (no database, no clock).
 
-Each follows its reference script line by line (the executing and timing edge is `sirius_train.official_eval`):
+Each follows its reference script line by line (the executing and timing edge is `sirius_train.evaluation.official_eval`):
 
 - **Soft-F1** (BIRD mini-dev, `evaluation/evaluation_f1.py`): both results are de-duplicated keeping first
   occurrences; row i of the prediction is paired with row i of the gold (by position, not by content); in a
