@@ -184,18 +184,43 @@ class Settings:
 
 def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, db_root: Path,
                questions: list[BenchQuestion], settings: Settings, timeout_s: float) -> Path:
-    """One cache file per (model, questions, databases, prompt, sampling, scoring), each known by its contents
-    where it has some: editing the questions file, retraining into the same folder or another `--db-root` never
-    reuses old answers. A server is known by its URL and served name only (nothing to fingerprint)."""
+    """One cache file per (model, questions, databases, prompts, sampling, scoring), each known by its contents:
+    editing the questions file, retraining into the same folder, another `--db-root`, rows changed under a kept
+    size and mtime (`cp -p`, `rsync -a`, another release unpacked), or prompt-building code that renders other
+    prompts never reuses old answers. Files are hashed once while untouched (`Digests`). A server is known by
+    its URL and served name only (nothing to fingerprint)."""
     from rewards.databases import resolve_db_path
 
-    key = json.dumps({"model": model_fingerprint(spec.source), "served": spec.served_model, "engine": spec.engine,
-                      "format": asdict(spec.prompt_format), "temperature": spec.temperature,
-                      "max_new_tokens": spec.max_new_tokens, "questions": file_digest(questions_file),
-                      "databases": {db: stat_fingerprint(resolve_db_path(db_root, db))
+    digests = Digests(out / f"{name}.digests")  # JSON lines, beside the cache folder (which holds answers only)
+    key = json.dumps({"model": model_fingerprint(spec.source, digests), "served": spec.served_model,
+                      "engine": spec.engine, "temperature": spec.temperature, "max_new_tokens": spec.max_new_tokens,
+                      "questions": file_digest(questions_file),
+                      "prompts": prompts_digest(spec, questions, db_root, settings.multi_turn),
+                      "databases": {db: digests(resolve_db_path(db_root, db))
                                     for db in sorted({q.db_id for q in questions})},
                       "timeout_s": timeout_s, **asdict(settings)}, sort_keys=True)
+    digests.save()
     return out / f"{name}.cache" / f"{spec.label}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
+
+
+def prompts_digest(spec: ModelSpec, questions: list[BenchQuestion], db_root: Path, multi_turn: int = 0) -> str:
+    """The hash of every prompt as the model will get it (rendered by the prompt-building code of today, with the
+    probe instructions of a multi-turn episode): a change of that code that changes one prompt changes the key."""
+    from rewards.databases import resolve_db_path
+
+    h = hashlib.sha256()
+    for q in questions:
+        messages = _prompt(spec, q, resolve_db_path(db_root, q.db_id))
+        if multi_turn:
+            from data_synthesis.interaction import ProbeLimits, with_probe_instructions
+
+            messages = with_probe_instructions(messages, ProbeLimits(max_turns=multi_turn))
+        h.update(json.dumps([str(q.id), messages], sort_keys=True).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _prompt(spec: ModelSpec, q: BenchQuestion, db_path: Path) -> list[dict]:
+    return spec.prompt_format.render(q.question, db_path, q.evidence or None, q.db_id)
 
 
 def file_digest(path: Path) -> str:
@@ -206,20 +231,46 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def stat_fingerprint(path: Path) -> list:
-    """(size, mtime) of a file: any rewrite changes it, without reading gigabytes of weights or databases."""
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+class Digests:
+    """Content hashes of files, remembered in a JSON file by (device, inode, size, ctime): a file written, copied
+    or unpacked onto gets a new ctime (the kernel sets it; `cp -p` and `rsync -a` keep the mtime, not the ctime),
+    so it is hashed again; an untouched file, a BIRD database of gigabytes included, is hashed once."""
+
+    def __init__(self, path: Path):
+        from data_synthesis.jsonl import JsonlError, read_jsonl
+
+        self.path, self.changed = path, False
+        try:
+            rows = read_jsonl(path, required={"file": str, "sha256": str}) if path.is_file() else []
+        except JsonlError:
+            rows = []  # a torn or foreign file: hash again
+        self.known = {r["file"]: r["sha256"] for r in rows}
+
+    def __call__(self, path: Path) -> str:
+        st = path.stat()
+        key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
+        if self.known.get(key) is None:
+            self.known[key] = file_digest(path)
+            self.changed = True
+        return self.known[key]
+
+    def save(self) -> None:
+        if self.changed:
+            from data_synthesis.jsonl import write_jsonl
+
+            write_jsonl(self.path, [{"file": k, "sha256": v} for k, v in self.known.items()])
+            self.changed = False
 
 
-def model_fingerprint(source: str) -> object:
-    """A URL as given; a local model by every file of its folder (weights, tokenizer, card) or its GGUF file."""
+def model_fingerprint(source: str, digests: Digests) -> object:
+    """A URL as given; a local model by the content of every file of its folder (weights, tokenizer, card) or of
+    its GGUF file."""
     path = Path(source)
     if source.startswith(("http://", "https://")) or not path.exists():
         return source
     if path.is_file():
-        return {path.name: stat_fingerprint(path)}
-    return {str(f.relative_to(path)): stat_fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()}
+        return {path.name: digests(path)}
+    return {str(f.relative_to(path)): digests(f) for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 def file_label(text: str) -> str:
@@ -280,8 +331,7 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
     from rewards.extract import extract_sql
     from rewards.scoring import ScoreItem
 
-    prompts = [spec.prompt_format.render(q.question, resolve_db_path(db_root, q.db_id), q.evidence or None, q.db_id)
-               for q in chunk]
+    prompts = [_prompt(spec, q, resolve_db_path(db_root, q.db_id)) for q in chunk]
     databases = {"db_ids": [q.db_id for q in chunk]} if settings.multi_turn else {}  # where episodes probe
     greedy = [texts[0] for texts in sampler.sample(prompts, 1, temperature=0.0, max_new_tokens=spec.max_new_tokens,
                                                    seed=seed, **databases)]
