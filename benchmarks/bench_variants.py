@@ -35,7 +35,7 @@ from _baselines import SPIDER
 from rewards.scoring import ScoreItem, Scorer
 from rewards.suites import Suite
 from rewards.variants import VariantCache
-from sirius_train.official_eval import ts_matches
+from sirius_train.evaluation.official_eval import ts_matches
 
 POOLS = ("dev_candidate_pools.jsonl", "dev_candidate_pools_b.jsonl")
 DEV_DBS = ("concert_singer", "course_teach", "cre_Doc_Template_Mgt", "dog_kennels", "museum_visit", "network_1",

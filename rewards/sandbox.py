@@ -11,7 +11,8 @@ mistake lets a query write, escape, hang or exhaust the machine:
   no temp file is ever written;
 - a progress handler enforces a wall-clock deadline *inside* SQLite (the process-level backstop for a
   statement that stops calling it lives in `executor`);
-- rows and bytes fetched are capped; text that is not valid UTF-8 decodes with replacement characters;
+- rows and bytes fetched are capped; text that is not valid UTF-8 decodes with replacement characters
+  (`Limits.text_errors`: or, as the official evaluators do, fails the query or drops the bad bytes);
 - one statement per call: a second statement is refused, not silently ignored.
 
 The connection is reused across calls (opening costs more than most Spider/BIRD queries), and it keeps
@@ -47,12 +48,16 @@ class Limits:
     max_value_bytes: int = 16 << 20  # SQLITE_LIMIT_LENGTH: largest string/blob a query may build
     heap_limit_bytes: int = 1 << 30  # PRAGMA hard_heap_limit (process-wide; it can only be lowered)
     progress_every: int = 2_000  # VM instructions between deadline checks
+    text_errors: str = "replace"  # text that is not UTF-8: "replace" (U+FFFD), "strict" (an error, as BIRD's
+    # scripts: sqlite3's default), "ignore" (bad bytes dropped, as the test-suite evaluator)
 
     def __post_init__(self):
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.max_rows < 1 or self.max_sql_chars < 1:
             raise ValueError("max_rows and max_sql_chars must be >= 1")
+        if self.text_errors not in _TEXT_FACTORIES:
+            raise ValueError(f"text_errors must be one of {sorted(_TEXT_FACTORIES)}, got {self.text_errors!r}")
 
 
 class DatabaseNotFound(FileNotFoundError):
@@ -81,6 +86,13 @@ def _decode_text(b: bytes) -> str:
     return b.decode("utf-8", "replace")
 
 
+def _drop_bad_bytes(b: bytes) -> str:
+    return b.decode("utf-8", "ignore")
+
+
+_TEXT_FACTORIES = {"replace": _decode_text, "strict": str, "ignore": _drop_bad_bytes}  # str: sqlite3's own, in C
+
+
 def precheck(sql: str, limits: Limits) -> str | None:
     """Why `sql` is refused before it reaches SQLite, or None. Pure and cheap."""
     if not isinstance(sql, str):
@@ -107,7 +119,7 @@ class Sandbox:
             self.path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
         conn = self.conn
-        conn.text_factory = _decode_text
+        conn.text_factory = _TEXT_FACTORIES[limits.text_errors]
         # Set while PRAGMAs are still allowed; the authorizer below forbids them from here on.
         conn.execute("PRAGMA query_only = ON")
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")  # read-only: holds the shared lock from the first query

@@ -11,8 +11,13 @@ What a variant keeps, so that queries equal in meaning stay equal in result:
   in the original (a name, a measure): no duplicate name and no tie appears where the original had none;
   a column that almost names its rows (80% distinct values: a name column with a few namesakes) keeps its
   values' counts: a clone gets a new name, so "the student named Kyle" still means one student;
-- foreign keys (declared, or a same-named column whose values all occur in another table's unique
-  column): every non-NULL value refers to a row of the variant's parent table;
+- foreign keys (declared, a same-named column whose values all occur in another table's unique column, or an
+  integer column whose values all fall among another table's sparse integer keys, which chance would not give:
+  an advisor's faculty id): every non-NULL value refers to a row of the variant's parent table;
+- what the rows imply: a dependency the data holds between two columns of a table (a room lies in one
+  building, a range in one country), unless chance explains it, holds in the variant too (the dependent
+  column follows its determinant); a table without duplicate rows gets none, and a pair of references that
+  never repeats (a teacher teaches a course once) does not repeat;
 - each column's domain: values are the column's own values (strings verbatim: no new spelling or casing),
   numbers nudged by one step inside the column's range; a column without NULLs gets none.
 What it changes, so that queries different in meaning differ in result:
@@ -38,12 +43,14 @@ import random
 import re
 import sqlite3
 import uuid
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
-BUILDER_VERSION = 1  # part of the cache key: a changed builder never reuses old variants
+BUILDER_VERSION = 2  # part of the cache key: a changed builder never reuses old variants
 MAX_TABLE_ROWS = 5_000  # a larger table is read as a sample of this many rows (its variant is that small)
 KEEP = 0.7  # chance that an original row stays
 CLONES = (0.5, 1.5)  # clones added, as a share of the original row count (uniform in this range)
@@ -53,6 +60,7 @@ NUDGE = 0.3  # chance that a resampled number is moved one step
 REPOINT_KEPT, REPOINT_CLONE = 0.3, 0.7  # chance that a foreign key is re-pointed to a random parent row
 MIN_NUDGE_DISTINCT = 3  # numbers with fewer distinct values are codes or flags: never nudged
 IDENTIFYING = 0.8  # a column with at least this share of distinct values names its rows (a name, a title)
+CHANCE = 1e-3  # a dependency (or an undeclared reference) is kept when chance alone would give it less often
 _DATE_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d", "%Y/%m/%d", "%d/%m/%Y", "%m/%d/%Y")
 
 
@@ -77,6 +85,7 @@ class TableData:
     unique: tuple[tuple[int, ...], ...] = ()  # column sets whose non-NULL tuples are distinct
     foreign_keys: tuple[ForeignKey, ...] = ()
     keys: frozenset[int] = frozenset()  # declared key columns: fresh integers for clones are max + 1
+    depends: tuple[tuple[int, int], ...] = ()  # (determinant, dependent): the dependent's value follows
 
 
 # ------------------------------------------------------------------------------------------------ the pure core
@@ -130,7 +139,7 @@ class _Column:
         self.nudgeable = self.numeric and len(set(present)) >= MIN_NUDGE_DISTINCT
         if self.numeric:
             self.low, self.high = min(numbers), max(numbers)
-            self.step = 1 if self.integer else _float_step(numbers)
+            self.step, self.digits = (1, 0) if self.integer else _float_step(numbers)
 
     def draw(self, rng: random.Random):
         """A value of this column: one of its cells, sometimes nudged one step (numbers only)."""
@@ -143,7 +152,7 @@ class _Column:
         moved = value + direction * steps * self.step
         if not self.low <= moved <= self.high:
             moved = value - direction * steps * self.step
-        return moved if self.integer else round(moved, 6)
+        return moved if self.integer else round(moved, self.digits)
 
     def fresh(self, base, used: set, rng: random.Random):
         """A value not in `used`, as close to `base` as the column's kind allows."""
@@ -155,7 +164,7 @@ class _Column:
             for steps in range(1, 10_000):
                 for direction in (1, -1) if rng.random() < 0.5 else (-1, 1):
                     moved = base + direction * steps * self.step
-                    moved = moved if self.integer else round(moved, 6)
+                    moved = moved if self.integer else round(moved, self.digits)
                     if moved not in used:
                         return moved
         if isinstance(base, str):
@@ -171,9 +180,23 @@ def _identifying(values: list) -> bool:
     return len(present) >= 2 and len(set(present)) >= IDENTIFYING * len(present)
 
 
-def _float_step(numbers: list) -> float:
-    decimals = max(len(repr(float(v)).split(".")[1].rstrip("0")) if math.isfinite(v) else 0 for v in numbers)
-    return 10.0 ** -min(decimals, 4) if decimals else 1.0
+def _float_step(numbers: list) -> tuple[float, int]:
+    """(step, decimals to round to) of a float column: its finest decimal place, 4 at most (0.1 + 0.2 has 17), 1 at
+    least; finer for a column of tiny numbers (1e-05), coarser where a float cannot tell x + 1 from x (1e+16).
+
+    Example:
+        >>> _float_step([12.5, 3.25]), _float_step([1e-05, 2e-05]), _float_step([1e+16, 3.0]), _float_step([0.1 + 0.2])
+        ((0.01, 2), (1e-05, 5), (10.0, 0), (0.0001, 4))
+    """
+    finite = [float(v) for v in numbers if math.isfinite(v)]
+    exponent = min([0] + [Decimal(repr(v)).normalize().as_tuple().exponent for v in finite if v])
+    exponent = max(exponent, -4)
+    tiny = [v for v in finite if v]
+    if tiny and max(abs(v) for v in tiny) < 10.0 ** exponent:  # every value below the step: step by their scale
+        exponent = math.floor(math.log10(min(abs(v) for v in tiny)))
+    if finite:
+        exponent = max(exponent, math.ceil(math.log10(2 * math.ulp(max(abs(v) for v in finite)))))
+    return 10.0 ** exponent, max(0, -exponent)
 
 
 def _fresh_text(base: str, used: set) -> str:
@@ -220,7 +243,8 @@ def _table_rows(table: TableData, built: dict[str, list[tuple]], rng: random.Ran
     columns = [_Column([r[i] for r in original], i in table.keys) for i in range(width)]
     fk_columns = {i for fk in table.foreign_keys for i in fk.columns}
     naming = single | {i for i, c in enumerate(columns) if _identifying(c.values)}
-    free = [i for i in range(width) if i not in fk_columns and i not in naming]
+    followers = {b for _, b in table.depends}
+    free = [i for i in range(width) if i not in fk_columns and i not in naming and i not in followers]
 
     rows: list[list] = []
     repoint: list[float] = []  # per row: the chance that its foreign keys are re-pointed
@@ -254,7 +278,36 @@ def _table_rows(table: TableData, built: dict[str, list[tuple]], rng: random.Ran
         if parent_rows is None:
             continue
         _point(rows, repoint, fk, parent_rows, rng, exclusive=any(set(u) <= set(fk.columns) for u in table.unique))
+    if table.depends:
+        _follow(rows, original, table.depends)
+        for fk in table.foreign_keys:  # a reference that followed its determinant may name a parent row dropped here
+            parent_rows = rows if fk.parent == table.name else built.get(fk.parent)
+            if parent_rows is not None and followers & set(fk.columns):
+                _drop_unreferenced(rows, fk, parent_rows)
     return _distinct_keys([tuple(r) for r in rows if r is not None], table.unique)
+
+
+def _follow(rows: list, original: Sequence[tuple], depends: Sequence[tuple[int, int]]) -> None:
+    """Give each dependent column the value the original pairs with its determinant's value; a determinant value
+    the original does not have (a clone's fresh name) keeps the first dependent value it comes with, so the
+    dependency holds in the variant too. `depends` is in order: a determinant is final before its dependents."""
+    for a, b in depends:
+        pairs: dict = {}
+        for row in original:
+            if row[a] is not None:
+                pairs.setdefault(row[a], row[b])
+        for row in rows:
+            if row is not None and row[a] is not None:
+                row[b] = pairs.setdefault(row[a], row[b])
+
+
+def _drop_unreferenced(rows: list, fk: ForeignKey, parent_rows: list) -> None:
+    targets = {tuple(p[j] for j in fk.parent_columns) for p in parent_rows if p is not None}
+    for k, row in enumerate(rows):
+        if row is not None:
+            current = tuple(row[i] for i in fk.columns)
+            if None not in current and current not in targets:
+                rows[k] = None
 
 
 def _point(rows: list, repoint: list[float], fk: ForeignKey, parent_rows: list, rng: random.Random,
@@ -325,14 +378,96 @@ def read_tables(conn: sqlite3.Connection, max_rows: int = MAX_TABLE_ROWS, seed: 
         for i in range(len(columns)):
             if (i,) not in unique and _distinct_column(conn, name, columns[i], rows, i, complete):
                 unique.add((i,))
+        if not unique and _distinct_rows(conn, name, rows, complete):  # no key, yet no row repeats: none will
+            unique.add(tuple(range(len(columns))))
         tables[name] = (columns, tuple(rows), tuple(sorted(unique)), frozenset(pk))
     lower = {n.lower(): n for n in names}
     out = []
     for name in names:
         columns, rows, unique, keys = tables[name]
-        fks = _declared_foreign_keys(conn, name, columns, tables, lower)
-        fks += _implied_foreign_keys(name, tables, fks)
-        out.append(TableData(name, columns, rows, unique, tuple(dict.fromkeys(fks)), keys))
+        fks = tuple(dict.fromkeys(_declared_foreign_keys(conn, name, columns, tables, lower)))
+        fks += tuple(fk for fk in _implied_foreign_keys(name, tables, list(fks)) if fk not in fks)
+        unique = tuple(sorted(set(unique) | _unrepeated_pairs(rows, unique, fks)))
+        references = {i for fk in fks for i in fk.columns}
+        out.append(TableData(name, columns, rows, unique, fks, keys,
+                             measured_dependencies(rows, unique, keys, references)))
+    return out
+
+
+def measured_dependencies(rows: Sequence[tuple], unique: Sequence[tuple[int, ...]] = (), keys=frozenset(),
+                          references=frozenset()) -> tuple[tuple[int, int], ...]:
+    """(determinant, dependent) column pairs of a table where every value of the determinant comes with one value of
+    the dependent (a room lies in one building) and chance alone would give that less often than `CHANCE`: for
+    each group of rows sharing a determinant value, the chance that its dependent values all agree is the sum of
+    p^size over the dependent's value shares p. A unique column determines everything and says nothing; a column
+    that names rows, a key, or a unique one never follows. Each dependent follows the determinant with the most
+    values (a reference first on a tie), in an order where determinants come first. Pure.
+
+    Example:
+        >>> rooms = [(r, "Barton" if r < 200 else "NEB") for r in (101, 102, 103, 104, 205, 206, 207, 208)] * 3
+        >>> measured_dependencies(rooms)  # 8 rooms in 2 buildings, each seen 3 times
+        ((0, 1),)
+        >>> measured_dependencies([("a", 1), ("a", 1), ("b", 2)])  # one repeated pair: chance explains it
+        ()
+    """
+    if len(rows) < 3:
+        return ()
+    width = len(rows[0])
+    single = {u[0] for u in unique if len(u) == 1}
+    columns = [[r[i] for r in rows] for i in range(width)]
+    naming = single | set(keys) | {i for i in range(width) if _identifying(columns[i])}
+    distinct = [len(set(c) - {None}) for c in columns]
+    order = {i: (distinct[i], i in references, -i) for i in range(width)}
+    determinants: dict[int, list[int]] = defaultdict(list)
+    for a in range(width):
+        present = [k for k, v in enumerate(columns[a]) if v is not None]
+        if a in single or distinct[a] >= len(present):
+            continue
+        for b in range(width):
+            if b != a and b not in naming and order[a] > order[b] and _determines(columns[a], columns[b], present):
+                determinants[b].append(a)
+    chosen = {b: max(found, key=order.get) for b, found in determinants.items()}
+    return tuple((chosen[b], b) for b in sorted(chosen, key=order.get, reverse=True))
+
+
+def _determines(a_values: list, b_values: list, present: list[int]) -> bool:
+    groups: dict = {}
+    for k in present:
+        first = groups.setdefault(a_values[k], [b_values[k], 0])
+        if first[0] != b_values[k]:
+            return False
+        first[1] += 1
+    shares = Counter(b_values[k] for k in present)
+    if len(shares) < 2:
+        return False
+    n = len(present)
+    log_chance = sum(math.log(max(sum((c / n) ** size for c in shares.values()), 1e-300))
+                     for _, size in groups.values() if size > 1)
+    return log_chance < math.log(CHANCE)
+
+
+def _distinct_rows(conn, name: str, rows: list[tuple], complete: bool) -> bool:
+    if complete:
+        return len(rows) >= 2 and len(set(rows)) == len(rows)
+    (n, distinct) = conn.execute(f"SELECT (SELECT count(*) FROM {_quote(name)}), "
+                                 f"(SELECT count(*) FROM (SELECT DISTINCT * FROM {_quote(name)}))").fetchone()
+    return n >= 2 and n == distinct
+
+
+def _unrepeated_pairs(rows: Sequence[tuple], unique, fks: Sequence[ForeignKey]) -> set[tuple[int, ...]]:
+    """In a table that relates rows of others (no unique column of its own), pairs of single-column references
+    whose value pairs never repeat in the original (a teacher teaches a course once): kept unrepeated."""
+    if any(len(u) == 1 for u in unique):
+        return set()
+    singles = sorted({fk.columns[0] for fk in fks if len(fk.columns) == 1})
+    out = set()
+    for x, i in enumerate(singles):
+        for j in singles[x + 1:]:
+            if any(set(u) <= {i, j} for u in unique):
+                continue
+            pairs = [(r[i], r[j]) for r in rows if r[i] is not None and r[j] is not None]
+            if len(pairs) >= 2 and len(set(pairs)) == len(pairs):
+                out.add((i, j))
     return out
 
 
@@ -385,8 +520,9 @@ def _declared_foreign_keys(conn, name: str, columns: tuple[str, ...], tables: di
 
 
 def _implied_foreign_keys(name: str, tables: dict, declared: list[ForeignKey]) -> list[ForeignKey]:
-    """A column named like another table's unique column, whose values all occur there, is a foreign key that
-    the schema did not declare (common in hand-made databases)."""
+    """Foreign keys the schema did not declare (common in hand-made databases): a column named like another table's
+    unique column, whose values all occur there; else an integer column whose values all fall among another
+    table's integer keys where those are too sparse for chance to explain it (`_sparse_reference`)."""
     columns, rows, unique, keys = tables[name]
     taken = {i for fk in declared for i in fk.columns} | (set(keys) if len(keys) == 1 else set())
     out = []
@@ -401,7 +537,33 @@ def _implied_foreign_keys(name: str, tables: dict, declared: list[ForeignKey]) -
             if values <= {r[j] for r in p_rows}:
                 out.append(ForeignKey((i,), parent, (j,)))
                 break
+        else:
+            found = _sparse_reference(name, values, tables)
+            if found is not None:
+                out.append(ForeignKey((i,), *found))
     return out
+
+
+def _sparse_reference(name: str, values: set, tables: dict) -> tuple[str, tuple[int]] | None:
+    """(parent, (column,)) of the unique integer column of another table that holds all of `values` (two or more
+    integers), when chance would put them all among its keys less often than `CHANCE`: each value lands on a key
+    with the keys' density over the values' range. A student's advisor among faculty ids 1082..9922 (58 of
+    them) is a reference; ages 20..40 among ids 1..100 are not."""
+    if len(values) < 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return None
+    low, high = min(values), max(values)
+    best = None
+    for parent, (p_columns, p_rows, p_unique, _) in tables.items():
+        if parent == name:
+            continue
+        for (j,) in (u for u in p_unique if len(u) == 1):
+            keys = {r[j] for r in p_rows}
+            if not values <= keys:
+                continue
+            log_chance = len(values) * math.log(sum(low <= k <= high for k in keys) / (high - low + 1))
+            if log_chance < math.log(CHANCE) and (best is None or log_chance < best[0]):
+                best = (log_chance, parent, (j,))
+    return None if best is None else best[1:]
 
 
 def _index(columns: tuple[str, ...], name: str) -> int | None:
@@ -516,5 +678,9 @@ class VariantCache:
                 except sqlite3.DatabaseError as e:
                     raise VariantError(f"{db_path}: cannot read the database: {e}") from None
                 for j, path in missing:
-                    write_variant(db_path, path, tables, variant_rows(tables, f"{self.seed}/{j}"))
+                    try:
+                        rows = variant_rows(tables, f"{self.seed}/{j}")
+                    except (ArithmeticError, LookupError, TypeError, ValueError) as e:  # data the builder cannot take
+                        raise VariantError(f"{db_path}: building variant {j} failed: {type(e).__name__}: {e}") from e
+                    write_variant(db_path, path, tables, rows)
         return wanted

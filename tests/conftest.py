@@ -15,7 +15,8 @@ import pytest
 # Ray's own workers inherit it). verl's CPU platform sets the same for the runs it launches (cpu_platform.cpu_env).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "spider"
+# ../shared/data/spider beside the checkout; SIRIUS_SPIDER_DATA points a checkout elsewhere (a worktree) at it
+SPIDER = Path(os.environ.get("SIRIUS_SPIDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
 
 # Top-level modules of the optional extras: a test (or doctest) needing one that is not installed skips.
 VERL_EXTRA = frozenset({"verl", "transfer_queue", "hydra", "ray"})

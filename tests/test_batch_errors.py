@@ -96,7 +96,7 @@ def test_a_judge_failing_midway_gives_s_rm_0_for_those_questions(demo_db_root, t
 
 
 def test_a_corrupt_benchmark_cache_line_names_the_file(tmp_path):
-    from sirius_train.benchmark import BenchmarkError, _read_cache
+    from sirius_train.evaluation.benchmark import BenchmarkError, _read_cache
 
     cache = tmp_path / "m-abc.jsonl"
     cache.write_text('{"id": 1, "greedy": true}\n{"id": 2, "gree\n{"id": 3}\n')

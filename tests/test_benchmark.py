@@ -15,7 +15,7 @@ import pytest
 from fake_openai import FakeOpenAIServer
 from typer.testing import CliRunner
 
-from sirius_train.benchmark_figures import QuestionScore, figures, pass_at_k
+from sirius_train.evaluation.figures import QuestionScore, figures, pass_at_k
 from sirius_train.cli import app
 
 TINY_RUN = pytest.mark.timeout(1800)  # the first test to ask builds the shared tiny run (tests/tiny_demo.py)
@@ -60,7 +60,7 @@ def test_maj_at_k_is_the_selectors_majority_vote(demo_db_root):
     from rewards.executor import Executor
     from rewards.outcome import Status
     from rewards.scoring import ScoreItem
-    from sirius_train.benchmark import score_samples
+    from sirius_train.evaluation.figures import score_samples
     from sirius_train.inference.selector import Ballot, majority_vote
 
     gold = ("retail", "SELECT COUNT(*) FROM customers")
@@ -308,9 +308,70 @@ def test_a_changed_questions_file_or_database_is_generated_again(demo_db_root, t
         assert greedy(server) == (0.0, 2)
 
 
+
+def test_the_cache_follows_the_rendered_prompts_and_the_databases_rows(demo_db_root, tmp_path, monkeypatch):
+    """Keyed on what a copy or a code change cannot keep: prompt-building code that renders other prompts, and rows
+    changed under the database's size and mtime (`cp -p`, `rsync -a`, another release unpacked), are new work."""
+    import os
+    import shutil
+
+    import data_synthesis.prompts as prompts
+
+    questions = _count_questions(tmp_path, "SELECT COUNT(*) FROM customers WHERE city <> 'Nowhr'")
+    db_root = tmp_path / "dbs"
+    shutil.copytree(demo_db_root / "retail", db_root / "retail")
+    args = ["benchmark", "--served-model", "fake", "--questions", questions, "--db-root", db_root, "--k", 2,
+            "--workers", 0, "--out", tmp_path / "o", "--quiet"]
+
+    def answer(messages, i):  # right only when the prompt shows the schema
+        return _right_answer(messages, i) if "CREATE TABLE" in messages[-1]["content"] else "```sql\nSELECT 0\n```"
+
+    def greedy(server) -> tuple[float, int]:
+        before = len(server.requests)
+        _cli(*args, "--model", server.url)
+        report = json.loads((tmp_path / "o" / "benchmark.json").read_text())
+        return report["models"][0]["overall"]["greedy_ex"], len(server.requests) - before
+
+    with FakeOpenAIServer(answer) as server:
+        assert greedy(server) == (1.0, 2)
+        assert greedy(server) == (1.0, 0)
+        shown = prompts.render_prompt
+        monkeypatch.setattr(prompts, "render_prompt", lambda q, schema, evidence=None, system=prompts.SYSTEM_PROMPT:
+                            shown(q, "(schema left out)", evidence, system))  # the prompt code changed
+        assert greedy(server) == (0.0, 2)
+        monkeypatch.setattr(prompts, "render_prompt", shown)
+        assert greedy(server) == (1.0, 0)  # the old prompts again: their answers are still cached
+        db = db_root / "retail" / "retail.sqlite"
+        st = db.stat()
+        with sqlite3.connect(db) as conn:  # one customer moves to 'Nowhr': same length, same pages, same size
+            conn.execute("UPDATE customers SET city = 'Nowhr' WHERE rowid = (SELECT min(rowid) FROM customers)")
+        os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the mtime a copy keeps
+        assert (db.stat().st_size, db.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        assert greedy(server) == (0.0, 2)
+    assert len(list((tmp_path / "o" / "benchmark.cache").iterdir())) == 3
+
+
+def test_a_database_is_hashed_once_while_untouched(spider_root, tmp_path, monkeypatch):
+    """`Digests`: a second benchmark over the same files reads their hashes back; a copy onto one (`cp -p` keeps
+    size and mtime, not ctime) is hashed again."""
+    import shutil
+
+    from sirius_train.evaluation import benchmark
+
+    db = tmp_path / "concert_singer.sqlite"
+    shutil.copy2(spider_root / "databases" / "concert_singer" / "concert_singer.sqlite", db)
+    first = benchmark.Digests(tmp_path / "b.digests")
+    digest = first(db)
+    first.save()
+    monkeypatch.setattr(benchmark, "file_digest", lambda path: pytest.fail(f"{path} hashed again"))
+    assert benchmark.Digests(tmp_path / "b.digests")(db) == digest
+    shutil.copy2(spider_root / "databases" / "pets_1" / "pets_1.sqlite", db)  # another database, as `cp -p` copies
+    monkeypatch.undo()
+    assert benchmark.Digests(tmp_path / "b.digests")(db) != digest
+
 def test_the_cache_key_follows_the_models_files_and_the_scoring_timeout(tmp_path):
     from data_synthesis.prompts import PromptFormat
-    from sirius_train.benchmark import BenchQuestion, ModelSpec, Settings, cache_path
+    from sirius_train.evaluation.benchmark import BenchQuestion, ModelSpec, Settings, cache_path
 
     db_root = tmp_path / "dbs"
     (db_root / "d").mkdir(parents=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import SPIDER
 
-from sirius_train.evaluation import BIRD_SEPARATOR
+from sirius_train.evaluation.reports import BIRD_SEPARATOR
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # 2 busy shared cores: minutes per question batch
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

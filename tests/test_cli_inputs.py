@@ -119,7 +119,7 @@ def test_fixed_value_options_offer_exactly_what_the_code_accepts():
     from rewards.compare import CompareMode
     from sirius_train.commands.evaluate import COMPARE, LAYOUT
     from sirius_train.commands.select import METHOD, RERANK
-    from sirius_train.evaluation import FORMATS
+    from sirius_train.evaluation.reports import FORMATS
     from sirius_train.inference.pipeline import METHODS
     from sirius_train.inference.selector import RERANK_MODES
 

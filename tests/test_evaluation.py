@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from sirius_train.evaluation import EvaluationInputError, load_items
-from sirius_train.hardness import hardness_counts, spider_hardness
+from sirius_train.evaluation.reports import EvaluationInputError, load_items
+from sirius_train.evaluation.hardness import hardness_counts, spider_hardness
 
 PARIS = "SELECT count(*) FROM customers WHERE city = 'Paris'"
 ROME = "SELECT count(*) FROM customers WHERE city = 'Rome'"
@@ -102,7 +102,8 @@ def test_spider_layout_uses_hardness_and_spider_equivalence(tmp_path, demo_db_ro
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "report" / "eval.json").read_text())
     assert report["compare"] == "spider" and report["correct"] == 2
-    assert report["buckets"] == {"easy": {"n": 1, "correct": 1, "ex": 1.0}, "medium": {"n": 1, "correct": 1, "ex": 1.0}}
+    assert report["buckets"] == {"easy": {"n": 1, "correct": 1, "ex": 1.0, "ex_official": 1.0},
+                                 "medium": {"n": 1, "correct": 1, "ex": 1.0, "ex_official": 1.0}}
 
 
 def test_evaluate_scores_sql_the_analysis_cannot_read(tmp_path, demo_db_root):
@@ -125,7 +126,7 @@ def test_evaluate_scores_sql_the_analysis_cannot_read(tmp_path, demo_db_root):
 @pytest.mark.parametrize("files, message", [
     ({"pred.sql": "SELECT 1\nSELECT 2\n", "dev_gold.sql": f"{PARIS}\tretail\n"}, "2 predictions for 1 gold"),
     ({"pred.sql": "SELECT 1\n", "dev_gold.sql": f"{PARIS}\n"}, "dev_gold.sql:1: expected 'SQL<TAB>db_id'"),
-    ({"predict_dev.json": '{"zero": "SELECT 1"}', "dev.json": "[]"}, "entry 'zero' is not"),
+    ({"predict_dev.json": '["SELECT 1"]', "dev.json": "[]"}, "expected a JSON object"),
     ({"predict_dev.json": "{not json", "dev.json": "[]"}, "predict_dev.json:1: not valid JSON"),
     ({"p.jsonl": '{"id": 9, "sql": "SELECT 1"}\n', "g.jsonl": f'{{"id": 1, "db_id": "retail", "gold_sql": "{PARIS}"}}\n'},
      "1 prediction id(s) not in"),

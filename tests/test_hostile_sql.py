@@ -24,7 +24,7 @@ from sirius_train.inference.pipeline import answer, make_task
 from sirius_train.inference.prefilter import prefilter
 from sirius_train.inference.selector import SelectorConfig, explain, majority_vote, select
 from sirius_train.inference.structure import signature
-from sirius_train.hardness import spider_hardness
+from sirius_train.evaluation.hardness import spider_hardness
 
 DB = "concert_singer"
 DEEP = 10_000

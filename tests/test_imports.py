@@ -133,6 +133,16 @@ def test_the_run_config_imports_no_backend():
     assert "omegaconf" in imports and not [m for m in imports if m.startswith(backends)]
 
 
+
+def test_only_the_benchmark_sits_on_top_of_the_evaluation_package():
+    """Training-time evaluation and the evaluation modules below the benchmark never import it (they did: the
+    sampled figures came from `benchmark.score_samples`)."""
+    benchmark = "sirius_train.evaluation.benchmark"
+    users = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "sirius_train").rglob("*.py")
+                   if benchmark in imports_of(path))
+    assert users and all(u.startswith("sirius_train/commands/") for u in users), users
+    assert imports_of(ROOT / "sirius_train" / "local" / "evaluate.py") & {benchmark, "sirius_train.evaluation.reports"} == set()
+
 def test_the_layering_check_sees_imports_inside_functions(tmp_path):
     """The walk must find a lazy import (the kind that climbed before) and resolve relative ones."""
     (tmp_path / "data_synthesis" / "sub").mkdir(parents=True)

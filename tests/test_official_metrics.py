@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from rewards.sandbox import Limits
-from sirius_train.official_eval import soft_f1_scores, time_pair, ts_matches, ves_reward_of, ves_rewards
-from sirius_train.official_metrics import clean_abnormal, r_ves, soft_f1, time_ratio, ts_normalize, ves_reward
+from sirius_train.evaluation.official_eval import soft_f1_scores, time_pair, ts_matches, ves_reward_of, ves_rewards
+from sirius_train.evaluation.official_metrics import clean_abnormal, r_ves, soft_f1, time_ratio, ts_normalize, ves_reward
 
 
 # ---------------------------------------------------------------------------------------------- Soft-F1

@@ -277,3 +277,123 @@ def test_reward_variants_reach_verl_and_the_local_backend_keeps_plain_ex(tmp_pat
         assert backend.executor.suite.variants == 2 and backend.eval_executor.suite.variants == 0
     finally:
         backend.close()
+
+
+# ---------------------------------------------------------------------------------- what the shipped data implies
+def _spider_scores(spider_root: Path, tmp_path: Path, db_id: str, gold: str, preds: list[str], k: int = 3,
+                   mode: str = "spider") -> tuple[list[bool], list[bool]]:
+    """Each prediction's match on the shipped database alone, and with `k` variants."""
+    db_root = spider_root / "databases"
+    plain = Scorer(db_root)
+    suite = Scorer(db_root, suite=Suite(variants=k, cache_dir=str(tmp_path / "cache")))
+    return ([plain.score(ScoreItem(db_id, gold, p, mode)).match for p in preds],
+            [suite.score(ScoreItem(db_id, gold, p, mode)).match for p in preds])
+
+
+def test_a_dependency_the_rows_hold_holds_in_every_variant(spider_root, tmp_path):
+    """mountain_photos: each range lies in one country (Toubkal Atlas: Morocco). A right answer that says so
+    stays right; a lucky one (the country filter dropped) is still caught."""
+    original = spider_root / "databases" / "mountain_photos" / "mountain_photos.sqlite"
+    moved = False
+    for path in VariantCache(tmp_path / "cache").paths(original, 3):
+        with sqlite3.connect(path) as conn:
+            pairs = conn.execute("SELECT Range, count(DISTINCT Country) FROM mountain GROUP BY Range").fetchall()
+            moved |= conn.execute("SELECT count(*) FROM mountain WHERE Range = 'Toubkal Atlas'").fetchone()[0] != 5
+        assert all(n == 1 for _, n in pairs), f"{path.name}: a range in two countries"
+    assert moved, "the ranges' rows never changed: the test would prove nothing"
+    gold = "SELECT name FROM mountain WHERE Range = 'Toubkal Atlas'"
+    same = "SELECT name FROM mountain WHERE Range = 'Toubkal Atlas' AND Country = 'Morocco'"
+    assert _spider_scores(spider_root, tmp_path, "mountain_photos", gold, [same]) == ([True], [True])
+    gold = "SELECT name FROM mountain WHERE Country = 'Ethiopia' AND Height > 4190"
+    lucky = "SELECT name FROM mountain WHERE Height > 4190"  # every mountain over 4190 m is Ethiopian here
+    assert _spider_scores(spider_root, tmp_path, "mountain_photos", gold, [lucky]) == ([True], [False])
+
+
+def test_an_undeclared_reference_found_in_the_data_points_at_a_row(spider_root, tmp_path):
+    """activity_1: Student.Advisor holds faculty ids (18 of 58 sparse ids in 1082..9922) with no declared foreign
+    key. Every variant's advisor is a faculty member there, so "each student with their advisor's name" by a
+    join or by a lookup stays the same answer."""
+    original = spider_root / "databases" / "activity_1" / "activity_1.sqlite"
+    with sqlite3.connect(f"file:{original}?mode=ro", uri=True) as conn:
+        (student,) = [t for t in read_tables(conn) if t.name == "Student"]
+    assert [(student.columns[fk.columns[0]], fk.parent) for fk in student.foreign_keys] == [("Advisor", "Faculty")]
+    for path in VariantCache(tmp_path / "cache").paths(original, 3):
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT count(*) FROM Student WHERE Advisor NOT IN (SELECT FacID FROM Faculty)"
+                                ).fetchone() == (0,), f"{path.name}: an advisor who is not on the faculty"
+    gold = "SELECT T1.Fname, T2.Lname FROM Student AS T1 JOIN Faculty AS T2 ON T1.Advisor = T2.FacID"
+    same = "SELECT Fname, (SELECT Lname FROM Faculty WHERE FacID = Advisor) FROM Student"
+    assert _spider_scores(spider_root, tmp_path, "activity_1", gold, [same]) == ([True], [True])
+
+
+def test_no_repeated_rows_or_pairs_where_the_shipped_data_has_none(spider_root, tmp_path):
+    """product_catalog's Catalog_Contents_Additional_Attributes has no key and no repeated row, nor has
+    activity_1's Participates_in: a SELECT DISTINCT of them is the same answer in every variant (spider's bags
+    told them apart where a clone repeated a row). course_teach's arrangements never repeat a (course, teacher)
+    pair: "teachers of at least two courses" counted by rows or by distinct courses stays the same answer."""
+    for db, table in (("product_catalog", "Catalog_Contents_Additional_Attributes"), ("activity_1", "Participates_in")):
+        gold = f"SELECT * FROM {table}"
+        assert _spider_scores(spider_root, tmp_path, db, gold, [f"SELECT DISTINCT * FROM {table}"]) == ([True], [True])
+    gold = ("SELECT T2.Name FROM course_arrange AS T1 JOIN teacher AS T2 ON T1.Teacher_ID = T2.Teacher_ID "
+            "GROUP BY T2.Name HAVING COUNT(*) >= 2")
+    same = gold.replace("COUNT(*)", "COUNT(DISTINCT T1.Course_ID)")
+    assert _spider_scores(spider_root, tmp_path, "course_teach", gold, [same]) == ([True], [True])
+    original = spider_root / "databases" / "course_teach" / "course_teach.sqlite"
+    for path in VariantCache(tmp_path / "cache").paths(original, 3):
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT count(*) FROM (SELECT DISTINCT Course_ID, Teacher_ID FROM course_arrange)"
+                                ).fetchone() == conn.execute("SELECT count(*) FROM course_arrange").fetchone()
+
+
+def test_a_variant_without_the_questions_premise_takes_no_answer_for_an_answer(spider_root, tmp_path):
+    """concert_singer's third variant has no singer from the Netherlands: there max() gives NULL and ORDER BY ...
+    LIMIT 1 no row, both saying "nobody". Lucky answers stay caught: a wrong literal that matches the empty gold
+    on the shipped database (pets_1: 'Cat' for 'cat'), a comparison that selects nothing (`Highest = 100`)."""
+    db = "concert_singer"
+    original = spider_root / "databases" / db / f"{db}.sqlite"
+    gone = [sqlite3.connect(p).execute("SELECT count(*) FROM singer WHERE Country = 'Netherlands'").fetchone() == (0,)
+            for p in VariantCache(tmp_path / "cache").paths(original, 3)]
+    assert any(gone), "every variant kept a Dutch singer: the test would prove nothing"
+    gold = "SELECT max(Age) FROM singer WHERE Country = 'Netherlands'"
+    same = ["SELECT Age FROM singer WHERE Country = 'Netherlands' ORDER BY Age DESC LIMIT 1",
+            "SELECT max(Age) FROM singer WHERE Country = 'Netherlands' GROUP BY Country"]
+    assert _spider_scores(spider_root, tmp_path, db, gold, same) == ([True, True], [True, True])
+    gold = ("select count(*) from concert where stadium_id = (select stadium_id from stadium order by capacity desc "
+            "limit 1)")
+    lucky = "SELECT count(*) FROM concert JOIN stadium ON concert.stadium_id = stadium.stadium_id WHERE highest = 100"
+    assert _spider_scores(spider_root, tmp_path, db, gold, [lucky]) == ([True], [False])
+    both = ("SELECT T1.fname FROM student AS T1 JOIN has_pet AS T2 ON T1.stuid = T2.stuid JOIN pets AS T3 ON "
+            "T3.petid = T2.petid WHERE T3.pettype = '{}' INTERSECT SELECT T1.fname FROM student AS T1 JOIN has_pet AS "
+            "T2 ON T1.stuid = T2.stuid JOIN pets AS T3 ON T3.petid = T2.petid WHERE T3.pettype = '{}'")
+    assert _spider_scores(spider_root, tmp_path, "pets_1", both.format("cat", "dog"), [both.format("Cat", "Dog")]) \
+        == ([True], [False])
+
+
+def test_a_tie_at_a_groups_extreme_is_not_checked_there(spider_root, tmp_path):
+    """pets_1: "for each sex, the first name of the oldest student" takes the name from one of the rows at the
+    maximum; where a variant gives two students of one sex the top age, a query breaking the tie the other way
+    is the same answer."""
+    original = spider_root / "databases" / "pets_1" / "pets_1.sqlite"
+    tie = ("SELECT 1 FROM Student AS s WHERE Age = (SELECT max(Age) FROM Student WHERE Sex = s.Sex) "
+           "GROUP BY Sex HAVING count(DISTINCT Fname) > 1")
+    assert any(sqlite3.connect(p).execute(tie).fetchall() for p in VariantCache(tmp_path / "cache").paths(original, 3))
+    gold = "SELECT Sex, Fname, max(Age) FROM Student GROUP BY Sex"
+    same = [f"SELECT Sex, (SELECT s2.Fname FROM Student AS s2 WHERE s2.Sex = s.Sex ORDER BY s2.Age DESC, s2.Fname "
+            f"{way} LIMIT 1), max(Age) FROM Student AS s GROUP BY Sex" for way in ("ASC", "DESC")]
+    assert _spider_scores(spider_root, tmp_path, "pets_1", gold, same) == ([True, True], [True, True])
+
+
+def test_floats_in_scientific_notation_build(spider_root, tmp_path):
+    """1e-05 and 1e+16 once crashed the builder (`_float_step` read repr's decimals); now they nudge by their own
+    scale, and a variant of a real database with such a column builds."""
+    db = tmp_path / "dbs" / "poker_player" / "poker_player.sqlite"
+    db.parent.mkdir(parents=True)
+    db.write_bytes((spider_root / "databases" / "poker_player" / "poker_player.sqlite").read_bytes())
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE measure (id INTEGER PRIMARY KEY, tiny REAL, huge REAL)")
+        conn.executemany("INSERT INTO measure VALUES (?, ?, ?)",
+                         [(i, v, w) for i, (v, w) in enumerate([(1e-05, 1e+16), (2e-05, 3e+16), (5e-05, 2e+16)] * 3)])
+    for path in VariantCache(tmp_path / "cache").paths(db, 2):
+        with sqlite3.connect(path) as conn:
+            rows = conn.execute("SELECT tiny, huge FROM measure").fetchall()
+        assert rows and all(1e-05 <= t <= 5e-05 and 1e+16 <= h <= 3e+16 for t, h in rows)

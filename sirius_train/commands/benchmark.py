@@ -32,7 +32,7 @@ def model_specs(models: list[str], run: Path | None, engine: str, served_model: 
     """What to benchmark: every trained phase of `--run` (and its untrained `base` with `base`), then each
     `--model`, each with its prompt format and sampling."""
     from data_synthesis.model_card import read_card
-    from sirius_train.benchmark import ENGINES, BenchmarkError, ModelSpec, check_model_folder, file_label, run_phases
+    from sirius_train.evaluation.benchmark import ENGINES, BenchmarkError, ModelSpec, check_model_folder, file_label, run_phases
 
     if engine not in ENGINES:
         raise BenchmarkError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
 
         from rewards.executor import Executor
         from rewards.sandbox import Limits
-        from sirius_train.benchmark import (BenchmarkError, Settings, benchmark_model, cache_path, check_databases,
+        from sirius_train.evaluation.benchmark import (BenchmarkError, Settings, benchmark_model, cache_path, check_databases,
                                             file_label, load_questions, markdown, model_report, plot,
                                             run_inputs, write_predictions)
 
@@ -183,7 +183,7 @@ def greedy_official(items, rows, db_root: Path, compare: str, executor, ves_repe
     import math
 
     from rewards.sandbox import Limits
-    from sirius_train import official_eval
+    from sirius_train.evaluation import official_eval
 
     pairs = [(q.db_id, q.gold_sql, r["greedy_sql"]) for q, r in zip(items, rows)]
     official = {}

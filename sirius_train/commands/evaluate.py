@@ -46,20 +46,22 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Execution accuracy per difficulty bucket and per database (our JSONL, BIRD or Spider files)."""
-        from sirius_train.evaluation import (detect_format, ex_report, load_items, markdown_report, score_items,
-                                             write_report)
+        from sirius_train.evaluation.official_eval import official_limits
+        from sirius_train.evaluation.reports import (detect_format, ex_report, load_items, markdown_report, score_items,
+                                                     write_report)
 
         with one_line_errors():
             layout = detect_format(pred) if fmt.value == "auto" else fmt.value
             mode = ("spider" if layout == "spider" else "bird") if compare.value == "auto" else compare.value
             items = load_items(pred, gold, layout, difficulty_file)
             stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
+            limits = official_limits(layout, timeout)
             with progress_bar("scoring", len(items), not quiet) as advance:
-                results = score_items(items, db_root, mode, workers=workers, timeout_s=timeout,
+                results = score_items(items, db_root, mode, workers=workers, limits=limits,
                                       on_result=lambda i, r: advance())
             metrics = official_metrics(items, results, db_root, mode, ves_repeats=ves_repeats, test_suite=test_suite,
                                        keep_distinct=keep_distinct, variants=variants, workers=workers,
-                                       timeout_s=timeout, show=not quiet)
+                                       limits=limits, show=not quiet, layout=layout)
             report = ex_report(items, results, mode, metrics)
             report["inputs"] = {"pred": str(pred), "gold": str(gold), "format": layout}
             paths = write_report(report, out, name)
@@ -68,24 +70,28 @@ def register(app: typer.Typer) -> None:
 
 
 def official_metrics(items, results, db_root: Path, mode: str, *, ves_repeats: int, test_suite: Path | None,
-                     keep_distinct: bool, variants: int, workers: int, timeout_s: float, show: bool) -> dict:
-    """Per question: Soft-F1 and R-VES's sqrt(reward) (BIRD equivalence), TS (a test-suite folder), EX on variants."""
+                     keep_distinct: bool, variants: int, workers: int, limits, show: bool, layout: str = "jsonl") -> dict:
+    """Per question: Soft-F1 and R-VES's sqrt(reward) (BIRD equivalence), TS (a test-suite folder), EX on variants;
+    for the Spider layout also EX as its official evaluator computes it (DISTINCT dropped: ours keeps it)."""
     import math
 
     from rewards.executor import Executor
-    from rewards.sandbox import Limits
-    from sirius_train import official_eval
+    from sirius_train.evaluation import official_eval
 
+    timeout_s = limits.timeout_s
     pairs = [(it.db_id, it.gold_sql, it.pred_sql) for it in items]
     matches = [r.match for r in results]
     metrics = {}
+    if layout == "spider":
+        metrics["ex_official"] = [float(m) for m in official_eval.ts_matches(
+            db_root, pairs, keep_distinct=keep_distinct, workers=workers, timeout_s=timeout_s)]
     if mode == "bird":
-        with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout_s)) as executor:
+        with Executor(db_root, workers=workers, limits=limits) as executor:
             metrics["soft_f1"] = official_eval.soft_f1_scores(executor, pairs)
         if ves_repeats:
             with progress_bar(f"R-VES timings (x{ves_repeats})", len(items), show) as advance:
-                rewards = official_eval.ves_rewards(db_root, pairs, matches, ves_repeats,
-                                                    limits=Limits(timeout_s=timeout_s), advance=advance)
+                rewards = official_eval.ves_rewards(db_root, pairs, matches, ves_repeats, limits=limits,
+                                                    advance=advance)
             metrics["r_ves"] = [math.sqrt(r) for r in rewards]
     if test_suite is not None:
         with progress_bar("test suite", len(items), show) as advance:

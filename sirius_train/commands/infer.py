@@ -62,7 +62,7 @@ def specialist_sampler(specialist: str, model_name: str | None):
     """A URL means an OpenAI-compatible server (vLLM); anything else is a local HF model folder (a run folder
     is named as one, with its phases' models)."""
     from data_synthesis.samplers import HFSampler, OpenAISampler
-    from sirius_train.benchmark import BenchmarkError, check_model_folder, run_phases
+    from sirius_train.evaluation.benchmark import BenchmarkError, check_model_folder, run_phases
 
     if specialist.startswith(("http://", "https://")):
         if not model_name:

@@ -78,8 +78,7 @@ def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, com
                      max_new_tokens: int, batch_size: int, seed: int, multi_turn=None) -> dict:
     import torch
 
-    from sirius_train.benchmark import score_samples
-    from sirius_train.benchmark_figures import QuestionScore, figures
+    from sirius_train.evaluation.figures import QuestionScore, figures, score_samples
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)

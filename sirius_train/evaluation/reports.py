@@ -8,13 +8,21 @@ in training can never disagree. Three input layouts:
   output works as is), gold lines `{"id", "db_id", "gold_sql"}` (also `sql` / `SQL` / `query`),
   optionally `difficulty`; joined by `id`.
 - BIRD: `predict_dev.json` (`{"0": "SQL\\t----- bird -----\\tdb_id", ...}`), gold `dev.json` (with
-  `difficulty`) or `dev.sql` (`SQL\\tdb_id` lines); paired by position.
+  `difficulty`) or `dev.sql` (`SQL\\tdb_id` lines); paired by position -- the entries' order in the file, whatever
+  their keys, as BIRD's `package_sqls` reads them.
 - Spider: `pred.sql` (one query a line), gold `dev_gold.sql` (`SQL\\tdb_id` lines); paired by position.
 
+The official layouts are read as the official scripts read them, quirks included (docs/METRICS.md): in BIRD's a
+null entry runs as " " and an entry with no statement (empty, comments only) gives no rows, so it is right where
+the gold's result is empty; an entry with the separator twice runs whole (and fails). In Spider's each line is cut
+at its first TAB and ` value ` becomes ` 1 `.
+
 Buckets: the gold's `difficulty` (BIRD: simple / moderate / challenging) when there is one, from the
-gold file or `difficulty_file`; otherwise Spider's hardness of the gold SQL (`sirius_train.hardness`).
+gold file or `difficulty_file` (paired by id where the gold and the file both have ids, else by position, as
+BIRD's scripts pair mini-dev's JSONL; a file that leaves a question out is refused, never silently replaced);
+otherwise Spider's hardness of the gold SQL (`sirius_train.evaluation.hardness`).
 Reports are written as JSON, Markdown and a PNG chart. Beside EX, a report carries the official metrics it
-was given per question (`sirius_train.official_metrics`): R-VES and Soft-F1 (BIRD), test-suite accuracy,
+was given per question (`sirius_train.evaluation.official_metrics`): R-VES and Soft-F1 (BIRD), test-suite accuracy,
 EX on variant databases -- each overall, per bucket and per database.
 """
 
@@ -27,9 +35,10 @@ from pathlib import Path
 
 from data_synthesis.jsonl import JsonlError, read_json, read_jsonl, read_text
 from rewards.scoring import ScoreItem, ScoreResult
-from sirius_train.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
+from sirius_train.evaluation.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
 
 BIRD_SEPARATOR = "\t----- bird -----\t"
+NO_ROWS_SQL = "SELECT 1 WHERE 0"  # what sqlite3 gives for a string without a statement: no rows
 BIRD_BUCKETS = ("simple", "moderate", "challenging")
 FORMATS = ("jsonl", "bird", "spider")
 GOLD_SQL_KEYS = ("gold_sql", "sql", "SQL", "query")
@@ -66,7 +75,7 @@ def load_items(pred_path: Path, gold_path: Path, fmt: str = "auto", difficulty_p
     if fmt not in FORMATS:
         raise EvaluationInputError(f"unknown format {fmt!r}; use one of {FORMATS} or 'auto'")
     gold = _read_gold(gold_path)
-    difficulty = _read_difficulty(difficulty_path) if difficulty_path else {}
+    difficulty = _pair_difficulty(gold, gold_path, difficulty_path) if difficulty_path else {}
     if fmt == "jsonl":
         preds = _read_jsonl_predictions(pred_path)
         known = {g["id"] for g in gold}
@@ -74,14 +83,11 @@ def load_items(pred_path: Path, gold_path: Path, fmt: str = "auto", difficulty_p
         if stray:
             raise EvaluationInputError(f"{pred_path}: {len(stray)} prediction id(s) not in {gold_path}, e.g. {stray[:3]}")
         pairs = [(g, preds.get(g["id"])) for g in gold]
-    elif fmt == "bird":
-        preds = _read_bird_predictions(pred_path)
-        pairs = [(g, preds.get(i)) for i, g in enumerate(gold)]
     else:
-        lines = _read_lines(pred_path)
-        if len(lines) > len(gold):
-            raise EvaluationInputError(f"{pred_path}: {len(lines)} predictions for {len(gold)} gold queries in {gold_path}")
-        pairs = [(g, (lines[i].strip() or None) if i < len(lines) else None) for i, g in enumerate(gold)]
+        preds = _read_bird_predictions(pred_path) if fmt == "bird" else [_spider_line(line) for line in _read_lines(pred_path)]
+        if len(preds) > len(gold):
+            raise EvaluationInputError(f"{pred_path}: {len(preds)} predictions for {len(gold)} gold queries in {gold_path}")
+        pairs = [(g, preds[i] if i < len(preds) else None) for i, g in enumerate(gold)]
     items = []
     for g, pred in pairs:
         bucket = difficulty.get(g["id"]) or g.get("difficulty") or spider_hardness(g["sql"])
@@ -90,18 +96,20 @@ def load_items(pred_path: Path, gold_path: Path, fmt: str = "auto", difficulty_p
 
 
 def score_items(items: list[EvalItem], db_root: Path, compare: str, *, workers: int = 2, timeout_s: float = 30.0,
-                on_result=None) -> list[ScoreResult]:
-    """Execute and compare every item in the sandboxed executor (None predictions are format failures)."""
+                on_result=None, limits=None) -> list[ScoreResult]:
+    """Execute and compare every item in the sandboxed executor (None predictions are format failures); `limits`
+    (`official_eval.official_limits` for the official layouts) default to the reward's, with `timeout_s`."""
     from rewards.executor import Executor
     from rewards.sandbox import Limits
 
     score = [ScoreItem(it.db_id, it.gold_sql, it.pred_sql, compare, id=k) for k, it in enumerate(items)]
-    with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout_s)) as executor:
+    with Executor(db_root, workers=workers, limits=limits or Limits(timeout_s=timeout_s)) as executor:
         return executor.score(score, on_result=on_result)
 
 
 # per-question metrics a report may carry, by name -> title (means shown x 100, as the official scripts print them)
-METRICS = {"r_ves": "R-VES", "soft_f1": "Soft-F1", "ts": "TS", "ex_variants": "EX+variants"}
+METRICS = {"ex_official": "EX (official)", "r_ves": "R-VES", "soft_f1": "Soft-F1", "ts": "TS",
+           "ex_variants": "EX+variants"}
 
 
 def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str,
@@ -115,16 +123,16 @@ def ex_report(items: list[EvalItem], results: list[ScoreResult], compare: str,
         ...            ScoreResult(2, False, 0.0, "error", "ok")]
         >>> r = ex_report(items, results, "bird")
         >>> r["ex"], r["buckets"]["easy"], r["databases"]["b"]["ex"], r["missing"]
-        (0.333333, {'n': 2, 'correct': 1, 'ex': 0.5}, 0.0, 1)
+        (0.3333333333333333, {'n': 2, 'correct': 1, 'ex': 0.5}, 0.0, 1)
     """
     metrics = metrics or {}
 
-    def summary(at: list[int]) -> dict:
+    def summary(at: list[int]) -> dict:  # means unrounded: a report rounds once, where it prints
         n = len(at)
         correct = sum(results[k].match for k in at)
-        out = {"n": n, "correct": correct, "ex": round(correct / n, 6) if n else 0.0}
+        out = {"n": n, "correct": correct, "ex": correct / n if n else 0.0}
         for name, values in metrics.items():
-            out[name] = round(sum(values[k] for k in at) / n, 6) if n else 0.0
+            out[name] = sum(values[k] for k in at) / n if n else 0.0
         return out
 
     everyone = range(len(items))
@@ -239,30 +247,75 @@ def _read_jsonl_predictions(path: Path) -> dict:
     return preds
 
 
-def _read_bird_predictions(path: Path) -> dict[int, str | None]:
+def _read_bird_predictions(path: Path) -> list[str]:
+    """The entries' SQL in file order, as BIRD's `package_sqls` reads them: the part before the one separator
+    (unstripped), else the whole entry stripped; a non-string entry is " ". No statement: `NO_ROWS_SQL`."""
     data = _read_json(path)
     if not isinstance(data, dict):
         raise EvaluationInputError(f"{path}: expected a JSON object {{\"0\": \"SQL\\t----- bird -----\\tdb_id\"}}")
-    preds = {}
-    for key, value in data.items():
-        if not str(key).isdigit() or not isinstance(value, str):
-            raise EvaluationInputError(f"{path}: entry {key!r} is not 'index: \"SQL\\t----- bird -----\\tdb_id\"'")
-        sql = value.split(BIRD_SEPARATOR)[0].strip()
-        preds[int(key)] = sql or None
+    preds = []
+    for value in data.values():
+        if not isinstance(value, str):
+            value = " "
+        parts = value.split(BIRD_SEPARATOR)
+        sql = parts[0] if len(parts) == 2 else value.strip()
+        preds.append(NO_ROWS_SQL if _no_statement(sql) else sql)
     return preds
 
 
-def _read_difficulty(path: Path) -> dict:
-    """id -> difficulty, from a BIRD dev.json (`question_id`, else position) or a JSONL with id and difficulty."""
+def _spider_line(line: str) -> str | None:
+    """A prediction line as the test-suite evaluator reads it: stripped, cut at its first TAB, ` value ` -> ` 1 `."""
+    sql = line.strip().split("\t")[0].replace(" value ", " 1 ")
+    return sql or None
+
+
+def _no_statement(sql: str) -> bool:
+    """True for a string sqlite3 runs as nothing (whitespace, comments, semicolons): it returns no rows.
+
+    Example:
+        >>> [_no_statement(s) for s in (" ", "-- none", "/* x */ ;", "SELECT 1", "SELECT '--'")]
+        [True, True, True, False, False]
+    """
+    from sqlglot.dialects.sqlite import SQLite
+    from sqlglot.errors import SqlglotError
+    from sqlglot.tokens import TokenType
+
+    try:
+        return all(t.token_type is TokenType.SEMICOLON for t in SQLite().tokenize(sql))
+    except (SqlglotError, ValueError):
+        return False
+
+
+def _pair_difficulty(gold: list[dict], gold_path: Path, path: Path) -> dict:
+    """gold id -> difficulty from a BIRD dev.json or a JSONL (mini-dev's): by id (`question_id` / `id`) where the gold
+    file and every entry have one, else by position; a question left without one is refused."""
+    entries = _read_difficulty(path)
+    by_id = gold_path.suffix.lower() in (".json", ".jsonl") and all(key is not None for key, _ in entries)
+    if by_id:
+        difficulty = dict(entries)
+        missing = [g["id"] for g in gold if g["id"] not in difficulty]
+        if missing:
+            raise EvaluationInputError(f"{path}: no difficulty for {len(missing)} gold question(s) of {gold_path}, "
+                                       f"e.g. id {missing[0]!r}")
+        return difficulty
+    if len(entries) != len(gold):
+        raise EvaluationInputError(f"{path}: {len(entries)} difficulties for {len(gold)} gold queries in {gold_path} "
+                                   "(they pair by position, as BIRD's scripts pair them)")
+    return {g["id"]: d for g, (_, d) in zip(gold, entries)}
+
+
+def _read_difficulty(path: Path) -> list[tuple[object, str]]:
+    """(id or None, difficulty) per entry, in file order: a BIRD dev.json, or a JSONL with `difficulty`."""
     if path.suffix.lower() == ".jsonl":
         try:
-            return {r["id"]: r["difficulty"] for r in read_jsonl(path, required=("id", "difficulty"))}
+            rows = read_jsonl(path, required=("difficulty",))
         except JsonlError as e:
             raise EvaluationInputError(str(e)) from None
-    data = _read_json(path)
-    if not isinstance(data, list) or not all(isinstance(r, dict) and "difficulty" in r for r in data):
-        raise EvaluationInputError(f"{path}: expected a JSON list of objects with 'difficulty' (BIRD dev.json)")
-    return {r.get("question_id", k): r["difficulty"] for k, r in enumerate(data)}
+    else:
+        rows = _read_json(path)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "difficulty" in r for r in rows):
+            raise EvaluationInputError(f"{path}: expected a JSON list of objects with 'difficulty' (BIRD dev.json)")
+    return [(r.get("question_id", r.get("id")), str(r["difficulty"])) for r in rows]
 
 
 def _read_json(path: Path):

@@ -5,7 +5,7 @@ For each model: the questions rendered in the model's own training format (its `
 (HF generate with one prefill per prompt, vLLM, or any OpenAI-compatible server), every answer scored by
 the reward's scorer (`rewards.executor`), the majority vote over execution results by the selector's own
 `majority_vote`, and with `lifecycle` the full candidates -> lifecycle -> hybrid selector path. Figures:
-`benchmark_figures`. Work is cached per chunk of questions, so a killed benchmark resumes where it stopped.
+`sirius_train.evaluation.figures`. Work is cached per chunk of questions, so a killed benchmark resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from data_synthesis.prompts import PromptFormat
-from sirius_train.benchmark_figures import QuestionScore, breakdown
+from sirius_train.evaluation.figures import QuestionScore, breakdown, score_samples
 
 ENGINES = ("hf", "vllm", "openai")
 FORMATS = ("auto", "jsonl", "spider", "bird")
@@ -58,7 +58,7 @@ def load_questions(path: Path, fmt: str = "auto") -> list[BenchQuestion]:
     """Questions from our JSONL, Spider `dev.json` or BIRD `dev.json` (evidence and difficulty kept);
     buckets: the dataset's difficulty, else Spider's hardness of the gold SQL."""
     from data_synthesis.loaders import DatasetError, load_dataset
-    from sirius_train.hardness import spider_hardness
+    from sirius_train.evaluation.hardness import spider_hardness
 
     if fmt not in FORMATS:
         raise BenchmarkError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -182,18 +182,43 @@ class Settings:
 
 def cache_path(out: Path, name: str, spec: ModelSpec, questions_file: Path, db_root: Path,
                questions: list[BenchQuestion], settings: Settings, timeout_s: float) -> Path:
-    """One cache file per (model, questions, databases, prompt, sampling, scoring), each known by its contents
-    where it has some: editing the questions file, retraining into the same folder or another `--db-root` never
-    reuses old answers. A server is known by its URL and served name only (nothing to fingerprint)."""
+    """One cache file per (model, questions, databases, prompts, sampling, scoring), each known by its contents:
+    editing the questions file, retraining into the same folder, another `--db-root`, rows changed under a kept
+    size and mtime (`cp -p`, `rsync -a`, another release unpacked), or prompt-building code that renders other
+    prompts never reuses old answers. Files are hashed once while untouched (`Digests`). A server is known by
+    its URL and served name only (nothing to fingerprint)."""
     from rewards.databases import resolve_db_path
 
-    key = json.dumps({"model": model_fingerprint(spec.source), "served": spec.served_model, "engine": spec.engine,
-                      "format": asdict(spec.prompt_format), "temperature": spec.temperature,
-                      "max_new_tokens": spec.max_new_tokens, "questions": file_digest(questions_file),
-                      "databases": {db: stat_fingerprint(resolve_db_path(db_root, db))
+    digests = Digests(out / f"{name}.digests")  # JSON lines, beside the cache folder (which holds answers only)
+    key = json.dumps({"model": model_fingerprint(spec.source, digests), "served": spec.served_model,
+                      "engine": spec.engine, "temperature": spec.temperature, "max_new_tokens": spec.max_new_tokens,
+                      "questions": file_digest(questions_file),
+                      "prompts": prompts_digest(spec, questions, db_root, settings.multi_turn),
+                      "databases": {db: digests(resolve_db_path(db_root, db))
                                     for db in sorted({q.db_id for q in questions})},
                       "timeout_s": timeout_s, **asdict(settings)}, sort_keys=True)
+    digests.save()
     return out / f"{name}.cache" / f"{spec.label}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.jsonl"
+
+
+def prompts_digest(spec: ModelSpec, questions: list[BenchQuestion], db_root: Path, multi_turn: int = 0) -> str:
+    """The hash of every prompt as the model will get it (rendered by the prompt-building code of today, with the
+    probe instructions of a multi-turn episode): a change of that code that changes one prompt changes the key."""
+    from rewards.databases import resolve_db_path
+
+    h = hashlib.sha256()
+    for q in questions:
+        messages = _prompt(spec, q, resolve_db_path(db_root, q.db_id))
+        if multi_turn:
+            from data_synthesis.interaction import ProbeLimits, with_probe_instructions
+
+            messages = with_probe_instructions(messages, ProbeLimits(max_turns=multi_turn))
+        h.update(json.dumps([str(q.id), messages], sort_keys=True).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _prompt(spec: ModelSpec, q: BenchQuestion, db_path: Path) -> list[dict]:
+    return spec.prompt_format.render(q.question, db_path, q.evidence or None, q.db_id)
 
 
 def file_digest(path: Path) -> str:
@@ -204,20 +229,46 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def stat_fingerprint(path: Path) -> list:
-    """(size, mtime) of a file: any rewrite changes it, without reading gigabytes of weights or databases."""
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+class Digests:
+    """Content hashes of files, remembered in a JSON file by (device, inode, size, ctime): a file written, copied
+    or unpacked onto gets a new ctime (the kernel sets it; `cp -p` and `rsync -a` keep the mtime, not the ctime),
+    so it is hashed again; an untouched file, a BIRD database of gigabytes included, is hashed once."""
+
+    def __init__(self, path: Path):
+        from data_synthesis.jsonl import JsonlError, read_jsonl
+
+        self.path, self.changed = path, False
+        try:
+            rows = read_jsonl(path, required={"file": str, "sha256": str}) if path.is_file() else []
+        except JsonlError:
+            rows = []  # a torn or foreign file: hash again
+        self.known = {r["file"]: r["sha256"] for r in rows}
+
+    def __call__(self, path: Path) -> str:
+        st = path.stat()
+        key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
+        if self.known.get(key) is None:
+            self.known[key] = file_digest(path)
+            self.changed = True
+        return self.known[key]
+
+    def save(self) -> None:
+        if self.changed:
+            from data_synthesis.jsonl import write_jsonl
+
+            write_jsonl(self.path, [{"file": k, "sha256": v} for k, v in self.known.items()])
+            self.changed = False
 
 
-def model_fingerprint(source: str) -> object:
-    """A URL as given; a local model by every file of its folder (weights, tokenizer, card) or its GGUF file."""
+def model_fingerprint(source: str, digests: Digests) -> object:
+    """A URL as given; a local model by the content of every file of its folder (weights, tokenizer, card) or of
+    its GGUF file."""
     path = Path(source)
     if source.startswith(("http://", "https://")) or not path.exists():
         return source
     if path.is_file():
-        return {path.name: stat_fingerprint(path)}
-    return {str(f.relative_to(path)): stat_fingerprint(f) for f in sorted(path.rglob("*")) if f.is_file()}
+        return {path.name: digests(path)}
+    return {str(f.relative_to(path)): digests(f) for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 def file_label(text: str) -> str:
@@ -278,8 +329,7 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
     from rewards.extract import extract_sql
     from rewards.scoring import ScoreItem
 
-    prompts = [spec.prompt_format.render(q.question, resolve_db_path(db_root, q.db_id), q.evidence or None, q.db_id)
-               for q in chunk]
+    prompts = [_prompt(spec, q, resolve_db_path(db_root, q.db_id)) for q in chunk]
     databases = {"db_ids": [q.db_id for q in chunk]} if settings.multi_turn else {}  # where episodes probe
     greedy = [texts[0] for texts in sampler.sample(prompts, 1, temperature=0.0, max_new_tokens=spec.max_new_tokens,
                                                    seed=seed, **databases)]
@@ -303,31 +353,6 @@ def _run_chunk(spec: ModelSpec, sampler, chunk: list[BenchQuestion], db_root: Pa
         for row, result in zip(rows, executor.score(picks)):
             row["selected"] = result.match
     return rows
-
-
-def score_samples(executor, golds: list[tuple[str, str]], sample_sql: list[list[str | None]], compare: str,
-                  k: int) -> list[tuple[list[bool], bool]]:
-    """Per question (db_id, gold SQL): each sample's match by the reward's scorer, and whether the
-    selector's `majority_vote` over the execution results of the first k samples picks a correct one."""
-    from rewards.outcome import Status
-    from rewards.scoring import ScoreItem
-    from sirius_train.inference.selector import Ballot, majority_vote
-
-    matches = iter(r.match for r in executor.score([ScoreItem(db, gold, sql, compare)
-                                                    for (db, gold), sqls in zip(golds, sample_sql) for sql in sqls]))
-    outcomes = iter(executor.execute_many([(db, sql) for (db, _), sqls in zip(golds, sample_sql)
-                                           for sql in sqls[:k] if sql is not None]))
-    out = []
-    for sqls in sample_sql:
-        mine = [next(matches) for _ in sqls]
-        ballots = []
-        for sql in sqls[:k]:
-            outcome = None if sql is None else next(outcomes)
-            ballots.append(Ballot("sample", "", Status.REJECTED) if outcome is None else
-                           Ballot("sample", sql, outcome.status, outcome.rows))
-        pick = majority_vote(ballots, compare).index
-        out.append((mine, pick is not None and mine[pick]))
-    return out
 
 
 def _selected(chunk, sampled, db_root: Path, settings: Settings, executor) -> list[str | None]:
@@ -370,7 +395,7 @@ def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: 
                          "at_max_new_tokens": tokens.at_limit},
               **breakdown(scores(questions, rows), settings.k, BUCKET_ORDER)}
     for name, values in (official or {}).items():
-        from sirius_train.official_metrics import group_means
+        from sirius_train.evaluation.official_metrics import group_means
 
         report["overall"][name] = sum(values) / len(values) if values else 0.0
         for group, key in (("buckets", "bucket"), ("databases", "db_id")):
@@ -384,7 +409,7 @@ def model_report(spec: ModelSpec, questions, rows, settings: Settings, seconds: 
 
 def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows: list[dict]) -> list[Path]:
     """Greedy answers as Spider's `pred.sql` (one query a line) and BIRD's `predict_dev.json`."""
-    from sirius_train.evaluation import BIRD_SEPARATOR
+    from sirius_train.evaluation.reports import BIRD_SEPARATOR
 
     def one_line(sql: str | None) -> str:
         return " ".join((sql or "").split())
@@ -398,7 +423,7 @@ def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows
 
 
 SHOWN = ("greedy_ex", "mean_sampled_ex", "maj_at_k", "pass_at_k", "headroom", "selected_ex")
-# of the greedy answers (sirius_train.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
+# of the greedy answers (sirius_train.evaluation.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
 # Soft-F1 with --compare bird, test-suite accuracy with --test-suite
 OFFICIAL = ("greedy_r_ves", "greedy_soft_f1", "greedy_ts")
 

@@ -1,4 +1,5 @@
-"""The figures of `sirius benchmark` (and of training-time evaluation with `eval.k`), as pure functions.
+"""The figures of `sirius benchmark` (and of training-time evaluation with `eval.k`), as pure functions, and
+`score_samples`, which scores the samples they are computed from (the executor is passed in).
 
 Per question a model gives one greedy answer and n >= k sampled ones, each scored by the reward's scorer:
 
@@ -80,3 +81,28 @@ def breakdown(scores: Sequence[QuestionScore], k: int, bucket_order: Iterable[st
             "buckets": {b: figures([s for s in scores if s.bucket == b], k) for b in buckets},
             "databases": {db: figures([s for s in scores if s.db_id == db], k)
                           for db in sorted({s.db_id for s in scores})}}
+
+
+def score_samples(executor, golds: list[tuple[str, str]], sample_sql: list[list[str | None]], compare: str,
+                  k: int) -> list[tuple[list[bool], bool]]:
+    """Per question (db_id, gold SQL): each sample's match by the reward's scorer, and whether the
+    selector's `majority_vote` over the execution results of the first k samples picks a correct one."""
+    from rewards.outcome import Status
+    from rewards.scoring import ScoreItem
+    from sirius_train.inference.selector import Ballot, majority_vote
+
+    matches = iter(r.match for r in executor.score([ScoreItem(db, gold, sql, compare)
+                                                    for (db, gold), sqls in zip(golds, sample_sql) for sql in sqls]))
+    outcomes = iter(executor.execute_many([(db, sql) for (db, _), sqls in zip(golds, sample_sql)
+                                           for sql in sqls[:k] if sql is not None]))
+    out = []
+    for sqls in sample_sql:
+        mine = [next(matches) for _ in sqls]
+        ballots = []
+        for sql in sqls[:k]:
+            outcome = None if sql is None else next(outcomes)
+            ballots.append(Ballot("sample", "", Status.REJECTED) if outcome is None else
+                           Ballot("sample", sql, outcome.status, outcome.rows))
+        pick = majority_vote(ballots, compare).index
+        out.append((mine, pick is not None and mine[pick]))
+    return out

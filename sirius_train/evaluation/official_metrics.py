@@ -1,6 +1,6 @@
 """The field's official metrics beside EX, as pure functions of results and timings (no database, no clock).
 
-Each follows its reference script line by line (the executing and timing edge is `sirius_train.official_eval`):
+Each follows its reference script line by line (the executing and timing edge is `sirius_train.evaluation.official_eval`):
 
 - **Soft-F1** (BIRD mini-dev, `evaluation/evaluation_f1.py`): both results are de-duplicated keeping first
   occurrences; row i of the prediction is paired with row i of the gold (by position, not by content); in a
@@ -140,13 +140,16 @@ _CUR_YEAR = re.compile(r"YEAR\s*\(\s*CURDATE\s*\(\s*\)\s*\)\s*", re.IGNORECASE)
 
 def ts_normalize(sql: str, keep_distinct: bool = False) -> str:
     """A query as the test-suite evaluator runs it: its `postprocess`, `replace_cur_year` and (by default, as there)
-    `remove_distinct`, which drops every DISTINCT keyword, COUNT(DISTINCT x) included.
+    `remove_distinct`, which drops every DISTINCT keyword, COUNT(DISTINCT x) included, and keeps only the first
+    statement (it rebuilds the text from `sqlparse.parse(s)[0]`: whatever follows the first `;` is gone).
 
     Example:
         >>> ts_normalize("SELECT DISTINCT a FROM t WHERE b > = 1 AND c = 'distinct'")
         "SELECT  a FROM t WHERE b >= 1 AND c = 'distinct'"
         >>> ts_normalize("SELECT count(DISTINCT a) FROM t", keep_distinct=True)
         'SELECT count(DISTINCT a) FROM t'
+        >>> ts_normalize("SELECT a FROM t WHERE b = ';'; DROP TABLE t"), ts_normalize("SELECT 1; SELECT 2", True)
+        ("SELECT a FROM t WHERE b = ';';", 'SELECT 1; SELECT 2')
     """
     sql = sql.replace("> =", ">=").replace("< =", "<=").replace("! =", "!=")
     sql = _CUR_YEAR.sub("2020", sql)
@@ -154,7 +157,8 @@ def ts_normalize(sql: str, keep_distinct: bool = False) -> str:
 
 
 def _without_distinct(sql: str) -> str:
-    """Every DISTINCT keyword token removed (strings and quoted names that spell 'distinct' stay)."""
+    """The first statement with every DISTINCT keyword token removed (strings and quoted names that spell
+    'distinct' stay, and so does a `;` inside them)."""
     from sqlglot.dialects.sqlite import SQLite
     from sqlglot.errors import SqlglotError
     from sqlglot.tokens import TokenType
@@ -163,12 +167,15 @@ def _without_distinct(sql: str) -> str:
         tokens = SQLite().tokenize(sql)
     except (SqlglotError, ValueError):
         return sql  # SQLite will judge it as it is
-    out, at = [], 0
+    out, at, end = [], 0, len(sql)
     for token in tokens:
+        if token.token_type is TokenType.SEMICOLON:
+            end = token.end + 1
+            break
         if token.token_type is TokenType.DISTINCT:
             out.append(sql[at:token.start])
             at = token.end + 1
-    return "".join(out) + sql[at:]
+    return "".join(out) + sql[at:end]
 
 
 def group_means(values: Sequence[float], groups: Sequence[str]) -> dict[str, float]:
