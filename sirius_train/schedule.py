@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from rich.markup import escape
+
 from data_synthesis.model_card import CARD_FILE, read_card, write_card
 from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
 from data_synthesis.records import Example, read_examples, write_examples
@@ -241,9 +243,8 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
 
 
 def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
-    from data_synthesis.curriculum import MutationFiller, build_curriculum, uniform_curriculum
+    from data_synthesis.curriculum import MutationFiller, build_curriculum, report_lines, uniform_curriculum
     from data_synthesis.export import write_stage
-    from data_synthesis.smoothing import SmoothingConfig
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -286,8 +287,7 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         if (info := _done(stage_dir)) is None:
             t0 = time.monotonic()
             rates, sampler = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
-            smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
-                                        keep_zero_share=stage.keep_zero_share)
+            smoothing = stage_smoothing(stage)
             if stage.curriculum == "uniform":  # ablation: no smoothing, no gap filling
                 curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index,
                                                 drop_empty_gold=stage.drop_empty_gold)
@@ -302,6 +302,10 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
                                               drop_empty_gold=stage.drop_empty_gold)
             paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,
                                 compare=data.compare, prompt_format=data.prompt_format)
+            head, *notes = report_lines(stage.name, curriculum.report)
+            stderr.print(escape(head), soft_wrap=True)
+            for note in notes:
+                stderr.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
             t_curriculum = time.monotonic() - t0
             stop_if_preempted(f"stopped before training {stage.name} (its curriculum {paths['parquet']} written)")
@@ -336,6 +340,15 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
 
         plot_run(run_dir)
     return summary
+
+
+def stage_smoothing(stage: StageConfig):
+    """The stage's `SmoothingConfig`: its bins on the pass rates j/estimate_k (uniform stages ignore the bins)."""
+    from data_synthesis.smoothing import SmoothingConfig, bins_for
+
+    k = stage.estimate_k if stage.curriculum == "smoothed" else None
+    return SmoothingConfig(n_bins=bins_for(k, stage.bins), max_repeats=stage.max_repeats,
+                           keep_zero_share=stage.keep_zero_share, k=k)
 
 
 def empty_curriculum_message(stage: str, rated: int, dropped: dict, model: Path) -> str:
