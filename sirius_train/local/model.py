@@ -81,6 +81,8 @@ def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch
     """Load a local HF causal LM and its tokenizer (`gguf_file=` for a GGUF checkpoint in `path`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from sirius_train.local.quiet import quiet_loading, without_bpe_cleanup
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model path not found: {path} (models are never downloaded at run time; "
@@ -88,8 +90,9 @@ def load_model(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch
     kwargs = {"local_files_only": True}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
+    with quiet_loading():
+        tokenizer = without_bpe_cleanup(AutoTokenizer.from_pretrained(path, **kwargs))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device)
     if gguf_file:  # transformers' GGUF tokenizer converter gives a byte-level BPE vocabulary bos as eos
         # (SmolLM2: <|im_start|>, so answers ran past <|im_end|>); the file's own ids are in the model config
         for role in ("bos", "eos", "pad"):
