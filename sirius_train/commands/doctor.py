@@ -45,7 +45,7 @@ def doctor_report(cfg, gpu_gib: float | None = None, environment_only: bool = Fa
                       "this machine against the verl tested set")
     found = model_shape(cfg)
     checks = [*preflight.gpu_checks(cfg, gpus), *preflight.cheap_checks(cfg), *preflight.budget_checks(cfg),
-              preflight.disk_check(cfg, found[1] if found else None)]
+              *preflight.cost_checks(cfg), preflight.disk_check(cfg, found[1] if found else None)]
     planned = gpu_gib or (min(gpus.memory_gib) if gpus.memory_gib else DEFAULT_GPU_GIB)
     plans = stage_memory(cfg, found[1], planned) if cfg.backend == "verl" and found else None
     if cfg.backend == "verl" and not found:
