@@ -107,8 +107,18 @@ def preempted_exit(e) -> typer.Exit:
     import sys
 
     what = "interrupted" if e.interrupted else "preempted"
-    stderr.print(f"{what} -- {escape(str(e))}; resume with: {escape(shlex.join(['sirius', *sys.argv[1:]]))}")
+    stderr.print(f"{what} -- {escape(str(e))}; resume with: {escape(shlex.join(resume_argv(sys.argv[1:])))}")
     return typer.Exit(130 if e.interrupted else 0)
+
+
+def resume_argv(args: list[str]) -> list[str]:
+    """The command that resumes a stopped run: its own, less `--fresh` (which would start it over again) and
+    `--resume-anyway` (the record now holds this config, so a plain rerun continues it).
+
+    >>> resume_argv(["train", "configs/nano.yaml", "--fresh", "seed=1"])
+    ['sirius', 'train', 'configs/nano.yaml', 'seed=1']
+    """
+    return ["sirius", *(a for a in args if a not in ("--fresh", "--resume-anyway"))]
 
 
 def print_cost(cfg) -> None:
