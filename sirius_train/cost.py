@@ -52,7 +52,7 @@ def sizes(cfg: RunConfig) -> Sizes:
     if absent:
         return Sizes(None, held_out, f"planned from the config; the pool's size is unknown here: no {absent[0]}")
     pool = len(d.all_train_dbs()) * d.synth_per_db + sum(map(_lines, d.pool_files))
-    rl = pool if d.rl_pool == "all" or not cfg.sft.enabled else round(pool * (1 - d.sft_share))
+    rl = pool if d.rl_pool == "all" else round(pool * (1 - d.sft_share))
     return Sizes(rl, held_out, "planned from the config, at most: synthesis may make fewer")
 
 

@@ -132,7 +132,9 @@ def prepare_data(cfg: RunConfig) -> RunData:
         for path in d.pool_files:
             pool += read_examples(path)
         random.Random(cfg.seed).shuffle(pool)
-        sft, rest = split_pool(pool, d.sft_share if cfg.sft.enabled else 0.0, d.sft_split, cfg.seed)
+        # the split does not depend on sft.enabled: RL from a warm start another run made (SFT skipped here) must
+        # not train on its demos, nor be held out against other questions (data.sft_share=0: no split)
+        sft, rest = split_pool(pool, d.sft_share, d.sft_split, cfg.seed)
         sft = inject_flaws(sft, d.sft_flaw_share, d.sft_flaws, cfg.seed)  # RL and held-out gold stay correct
         # held out means no training query or question either: a question asked of a training database (the
         # same entity table can occur in both) would be answered from memory, not by reading the schema; a
@@ -255,7 +257,8 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     held_out = cfg.data.held_out_sets()
     sets = "" if len(held_out) < 2 else " (" + ", ".join(f"{name} {len(data.eval_sets[name])} on {len(dbs)}"
                                                          for name, dbs in held_out.items()) + ")"
-    stderr.print(f"[bold]run[/] {run_dir}: {len(data.sft_pool)} SFT / {len(data.rl_pool)} RL examples on "
+    sft = f"{len(data.sft_pool)} SFT" + ("" if cfg.sft.enabled else " (not trained here: kept out of RL)")
+    stderr.print(f"[bold]run[/] {run_dir}: {sft} / {len(data.rl_pool)} RL examples on "
                  f"{len(cfg.data.all_train_dbs())} databases; {sum(map(len, data.eval_sets.values()))} held-out "
                  f"questions on {sum(map(len, held_out.values()))} other databases{sets}")
     summary = {"run": str(run_dir), "phases": []}
