@@ -10,6 +10,7 @@ Nothing is ever downloaded: every path is local.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,15 +55,25 @@ def is_gguf(path: str | Path, gguf_file: str | None = None) -> bool:
 
 @contextmanager
 def quiet_transformers():
-    """Transformers' per-tensor bars (GGUF de-quantization, 'Loading weights') off while we load: in a log they
-    are hundreds of carriage-return updates on one line; our own progress lines report the phases."""
+    """Transformers' bars off while we load: the GGUF de-quantization bar is a raw `tqdm` that ignores transformers'
+    own `disable_progress_bar`, and with the 'Loading weights' bar it writes hundreds of carriage-return updates
+    on one line of a log; our own progress lines report the phases."""
     from transformers.utils import logging as hf_logging
 
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf
+    except ImportError:  # transformers without GGUF support: no such bar
+        gguf = None
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    bar = getattr(gguf, "tqdm", None)
+    if bar is not None:
+        gguf.tqdm = functools.partial(bar, disable=True)
     try:
         yield
     finally:
+        if bar is not None:
+            gguf.tqdm = bar
         if was_enabled:
             hf_logging.enable_progress_bar()
 
@@ -73,12 +84,22 @@ def load_tokenizer(path: str | Path, gguf_file: str | None = None):
 
     folder, gguf = locate(path, gguf_file)
     with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, clean_up_tokenization_spaces=False,
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True,
                                                   **({"gguf_file": gguf} if gguf else {}))
+    without_bpe_cleanup(tokenizer)
     if gguf:
         fix_gguf_special_tokens(tokenizer, gguf_special_ids(folder / gguf))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def without_bpe_cleanup(tokenizer):
+    """`clean_up_tokenization_spaces` off for a byte-level BPE (a GGUF's tokenizer comes with it on): BPE ignores it
+    and warns on the first decode of every run; off decodes the same text."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and type(backend.model).__name__ == "BPE":
+        tokenizer.clean_up_tokenization_spaces = False
     return tokenizer
 
 

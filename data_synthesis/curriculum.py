@@ -20,12 +20,12 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from data_synthesis.difficulty import estimate_pass_rates
 from data_synthesis.records import Example, check_unique_ids
-from data_synthesis.smoothing import (SmoothingConfig, bin_members, bin_of, fill_requests, pick_parents,
+from data_synthesis.smoothing import (SmoothingConfig, bin_members, bin_of, fill_requests, fraction, pick_parents,
                                       plan_curriculum)
 from data_synthesis.sqlgen.mutations import mutate
 from data_synthesis.sqlgen.profile import DbProfile, profile_database
@@ -117,6 +117,9 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         plan = plan_curriculum(rates, budget, config, seed)
         if not made:
             break
+    if any(b.short for b in plan.bins):
+        plan = replace(plan, notes=plan.notes + ("gap filling was off" if filler is None else
+                       f"gap filling made {len(new_examples)} new examples in {len(rounds)} round(s)",))
     report = {"seed": seed, "config": asdict(config), "pool": n_pool,
               "estimated": len(rates) - len(new_examples), "new_examples": len(new_examples),
               "unique_selected": len(set(plan.selection)), **plan.to_json(), "fill_rounds": rounds}
@@ -126,6 +129,31 @@ def build_curriculum(examples: Sequence[Example], pass_rates: Mapping[str, float
         report["dropped"][EMPTY_GOLD] = empty_gold
     chosen = [pool[i] for i in plan.selection]
     return Curriculum(chosen, rates, new_examples, report)
+
+
+def report_lines(name: str, report: dict) -> list[str]:
+    """A stage's curriculum in one line (selected / share per bin), then each note on why something is short.
+
+    Example:
+        >>> pool = [Example(str(i), "d", f"q{i}", "SELECT 1") for i in range(5)]
+        >>> rates = {"0": .25, "1": .5, "2": .5, "3": .75, "4": .75}
+        >>> c = build_curriculum(pool, rates, 12, config=SmoothingConfig(3, k=4))
+        >>> for line in report_lines("s1", c.report):
+        ...     print(line)
+        s1 curriculum: 12 of budget 12 (5 distinct) in 3 bins over k=4 pass rates: 1/4 3 of 4, 2/4 5 of 4, 3/4 4 of 4
+        bin [0.00, 0.33) is short by 1 of its share 4: its 1 example fills 3 at max_repeats=3
+        1 slot went to the bins with room: [0.33, 0.67) +1
+        gap filling was off
+    """
+    head = (f"{name} curriculum: {report['selected']} of budget {report['budget']} "
+            f"({report['unique_selected']} distinct)")
+    if "bins" not in report:
+        return [f"{head}, drawn uniformly"]
+    k = report["config"].get("k")
+    bins = ", ".join((" ".join(fraction(p, k) for p in b["attainable"]) if k else
+                      f"[{b['lo']:.2f}, {b['hi']:.2f})") + f" {b['selected']} of {b['target']}" for b in report["bins"])
+    return [f"{head} in {len(report['bins'])} bins{f' over k={k} pass rates' if k else ''}: {bins}",
+            *report.get("notes", [])]
 
 
 def _bin_name(p: float, n_bins: int) -> str:

@@ -10,6 +10,7 @@ computes anyway, so that the update needs no separate pass for pi_old.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
@@ -171,9 +172,11 @@ def shared_prefix(ids: torch.Tensor, mask: torch.Tensor) -> int:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-             max_new_tokens: int = 128, batch_size: int = 64, record_logprobs: bool = False) -> Rollout:
+             max_new_tokens: int = 128, batch_size: int = 64, record_logprobs: bool = False,
+             progress: Callable[[int], None] | None = None) -> Rollout:
     """Sample `n` answers per prompt (grouped: answers of prompt i are rows i*n .. i*n+n-1), about
-    `batch_size` sequences at a time (whole groups; a group larger than that is one call).
+    `batch_size` sequences at a time (whole groups; a group larger than that is one call); `progress(m)` hears
+    of the m sequences each call made.
 
     The n answers of a prompt share one prefill (`prompt_cache`). With `record_logprobs` (sampling only)
     the rollout carries each token's log-prob and entropy under the sampling policy (`SampledTokenLogprobs`).
@@ -208,6 +211,8 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
                 recorded = None if recorder is None else recorder.result(out)
                 parts.append((prompt_ids, prompt_mask, out[:, prompt_ids.shape[1]:], sql_closed.lengths(len(out)),
                               recorded))
+                if progress is not None:
+                    progress(len(out))
     finally:
         model.train(was_training)
     return _assemble(parts, tokenizer)

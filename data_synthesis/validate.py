@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from data_synthesis.records import Example
-from rewards.databases import UnknownDatabase, list_db_ids
+from rewards.databases import list_db_ids, require_db_ids
 from rewards.executor import Executor
 from rewards.outcome import Outcome
 from rewards.sandbox import Limits
@@ -29,13 +29,8 @@ def missing_databases(examples: Sequence[Example], db_root: str | Path) -> dict[
 
 def require_databases(examples: Sequence[Example], db_root: str | Path) -> None:
     """Raise UnknownDatabase naming the missing db_ids and the fix."""
-    missing = missing_databases(examples, db_root)
-    if missing:
-        names = sorted(missing)
-        raise UnknownDatabase(
-            f"{sum(missing.values())} example(s) use database(s) not found under {db_root}: {names[:5]}"
-            f"{' ...' if len(names) > 5 else ''}; each needs {db_root}/<db_id>/<db_id>.sqlite "
-            "(check --db-root, or pass --skip-missing-dbs to drop those examples)")
+    require_db_ids(db_root, [e.db_id for e in examples], "example(s)",
+                   "check --db-root, or pass --skip-missing-dbs to drop those examples")
 
 
 def drop_reason(outcome: Outcome, drop_empty: bool = False) -> str | None:

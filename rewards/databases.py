@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 _DB_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -37,3 +39,24 @@ def list_db_ids(db_root: str | Path) -> list[str]:
     """All db_ids with a database file under `db_root`, sorted."""
     root = Path(db_root)
     return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / f"{p.name}.sqlite").is_file())
+
+
+def require_db_ids(db_root: str | Path, db_ids: Iterable[str], what: str = "item(s)",
+                   fix: str = "check --db-root") -> None:
+    """Raise UnknownDatabase naming each db_id with no database file under `db_root` (a wrong root scores every
+    query as an error, an EX of 0 that looks like a result).
+
+    Example:
+        >>> require_db_ids("/nowhere", ["a", "b", "a"], "pair(s)")
+        Traceback (most recent call last):
+        ...
+        rewards.databases.UnknownDatabase: 3 pair(s) use database(s) not found under /nowhere: ['a', 'b']; each needs /nowhere/<db_id>/<db_id>.sqlite (check --db-root)
+    """
+    root = Path(db_root)
+    present = set(list_db_ids(root)) if root.is_dir() else set()
+    missing = Counter(db for db in db_ids if db not in present)
+    if missing:
+        names = sorted(missing)
+        raise UnknownDatabase(f"{sum(missing.values())} {what} use database(s) not found under {db_root}: "
+                              f"{names[:5]}{' ...' if len(names) > 5 else ''}; each needs "
+                              f"{db_root}/<db_id>/<db_id>.sqlite ({fix})")

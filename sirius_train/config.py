@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data_synthesis.demo_dbs import HELD_OUT_SETS, held_out_db_ids
+from data_synthesis.smoothing import MAX_BINS, bins_for
 from sirius_train.algorithms.entropy import ENTROPY_MODES
 
 
@@ -168,8 +169,8 @@ class StageConfig:
     entropy: EntropyConfig = field(default_factory=EntropyConfig)
     # curriculum
     curriculum: str = "smoothed"  # smoothed (SPEC 2.4) | uniform (ablation: the pool as it comes)
-    estimate_k: int = 8  # samples per example for pass rates
-    bins: int = 4
+    estimate_k: int = 8  # samples per example for pass rates (they are then j / estimate_k)
+    bins: int | None = None  # pass-rate bins; None: one per attainable rate j/estimate_k in (0, 1), at most 4
     max_repeats: int = 3
     keep_zero_share: float = 0.0  # share of the budget that p=0 examples may take
     fill_bins: bool = True  # fill short bins with mutations of their examples (estimated the same way)
@@ -390,7 +391,7 @@ def check_ranges(node, key: str = "") -> None:
         elif isinstance(value, list) and value and is_dataclass(value[0]):
             for i, item in enumerate(value):
                 check_ranges(item, f"{path}.{i}")
-        elif f.name in rules and not isinstance(value, bool) and not rules[f.name].ok(value):
+        elif f.name in rules and not isinstance(value, bool | None) and not rules[f.name].ok(value):
             rule, default = rules[f.name], getattr(type(node)(), f.name)
             raise ConfigError(f"{path}={value!r}: {rule.meaning} must be {rule.rule}; the default is "
                               f"{path}={default!r}")
@@ -481,6 +482,16 @@ def validate(cfg: RunConfig) -> RunConfig:
             bad(f"{key}.curriculum", s.curriculum, "use 'smoothed' or 'uniform'")
         if not 0 <= s.keep_zero_share < 1:
             bad(f"{key}.keep_zero_share", s.keep_zero_share, "a share in [0, 1)")
+        if s.curriculum == "smoothed":
+            try:
+                bins_for(s.estimate_k, s.bins)
+            except ValueError as e:
+                if s.estimate_k < 2:
+                    bad(f"{key}.estimate_k", s.estimate_k, f"{e}; use {key}.estimate_k >= 2, or "
+                        f"{key}.curriculum=uniform")
+                bad(f"{key}.bins", s.bins, f"with {key}.estimate_k={s.estimate_k}: {e}; set {key}.bins <= "
+                    f"{s.estimate_k - 1}, raise {key}.estimate_k to >= {s.bins + 1}, or leave {key}.bins unset "
+                    f"(one bin per attainable rate, at most {MAX_BINS})")
     mt = cfg.rollout.multi_turn
     if mt.max_turns < 1:
         bad("rollout.multi_turn.max_turns", mt.max_turns, "probes allowed per episode, >= 1 (turn it off with enabled)")

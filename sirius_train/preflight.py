@@ -311,6 +311,14 @@ def budget_checks(cfg: RunConfig) -> list[Check]:
     return checks
 
 
+def cost_checks(cfg: RunConfig) -> list[Check]:
+    """What each stage will generate (`sirius_train.cost`): pass-rate estimation beside DAPO, and evaluation."""
+    from sirius_train.cost import cost_rows
+
+    return [Check(what if what == "generations" else f"generations {what}", OK, detail)
+            for what, detail in cost_rows(cfg)]
+
+
 def disk_check(cfg: RunConfig, shape) -> Check:
     from sirius_train.verl_backend.memory import checkpoint_gib, disk_plan_gib
 

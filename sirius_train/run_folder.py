@@ -88,6 +88,15 @@ def read_record(run_dir: Path) -> RunConfig | None:
                           "rerun with --fresh to start this run over, or pick another name=") from None
 
 
+def phases(cfg: RunConfig) -> list[str]:
+    """The phase folders a run of `cfg` finishes, in order (each gets a `DONE.json` when it does).
+
+    >>> phases(RunConfig())
+    ['base', 'sft', 'stage1', 'stage2']
+    """
+    return ["base", *(["sft"] if cfg.sft.enabled else []), *(f"stage{i}" for i in range(1, len(cfg.stages) + 1))]
+
+
 @contextmanager
 def claim(cfg: RunConfig, on_change: str = REFUSE, notice=print) -> Iterator[Path]:
     """Hold `cfg.run_dir` for this process: its lock, and a record that matches `cfg` (or `on_change` says what to
@@ -102,6 +111,12 @@ def claim(cfg: RunConfig, on_change: str = REFUSE, notice=print) -> Iterator[Pat
                 f"recorded config ({run_dir / RECORD}); --resume-anyway continues it with these changes (for the "
                 "phases not yet done), --fresh moves it aside and starts over; or pick another name=")
         if changes and on_change == RESUME_ANYWAY:
+            if all((run_dir / phase / "DONE.json").is_file() for phase in phases(cfg)):
+                raise ConfigError(
+                    f"every phase of {run_dir} is done ({', '.join(phases(cfg))}): --resume-anyway would apply these "
+                    f"changes ({'; '.join(changes)}) to none of them, yet record them in its config.yaml and "
+                    "summary.json as if they had been trained with. --fresh starts it over with them (the old "
+                    "folder is moved aside), or pick another name=")
             kept = run_dir / f"config.before-{_stamp()}.yaml"
             shutil.copy2(run_dir / RECORD, kept)
             notice(f"continuing {run_dir} with a changed config ({'; '.join(changes)}); the previous one is kept "

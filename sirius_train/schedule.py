@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from rich.markup import escape
+
 from data_synthesis.model_card import CARD_FILE, read_card, write_card
 from data_synthesis.prompts import SYSTEM_PROMPT, PromptFormat
 from data_synthesis.records import Example, read_examples, write_examples
@@ -130,7 +132,9 @@ def prepare_data(cfg: RunConfig) -> RunData:
         for path in d.pool_files:
             pool += read_examples(path)
         random.Random(cfg.seed).shuffle(pool)
-        sft, rest = split_pool(pool, d.sft_share if cfg.sft.enabled else 0.0, d.sft_split, cfg.seed)
+        # the split does not depend on sft.enabled: RL from a warm start another run made (SFT skipped here) must
+        # not train on its demos, nor be held out against other questions (data.sft_share=0: no split)
+        sft, rest = split_pool(pool, d.sft_share, d.sft_split, cfg.seed)
         sft = inject_flaws(sft, d.sft_flaw_share, d.sft_flaws, cfg.seed)  # RL and held-out gold stay correct
         # held out means no training query or question either: a question asked of a training database (the
         # same entity table can occur in both) would be answered from memory, not by reading the schema; a
@@ -241,9 +245,8 @@ def run(cfg: RunConfig, backend: Backend, sft_only: bool = False) -> dict:
 
 
 def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
-    from data_synthesis.curriculum import MutationFiller, build_curriculum, uniform_curriculum
+    from data_synthesis.curriculum import MutationFiller, build_curriculum, report_lines, uniform_curriculum
     from data_synthesis.export import write_stage
-    from data_synthesis.smoothing import SmoothingConfig
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +257,8 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
     held_out = cfg.data.held_out_sets()
     sets = "" if len(held_out) < 2 else " (" + ", ".join(f"{name} {len(data.eval_sets[name])} on {len(dbs)}"
                                                          for name, dbs in held_out.items()) + ")"
-    stderr.print(f"[bold]run[/] {run_dir}: {len(data.sft_pool)} SFT / {len(data.rl_pool)} RL examples on "
+    sft = f"{len(data.sft_pool)} SFT" + ("" if cfg.sft.enabled else " (not trained here: kept out of RL)")
+    stderr.print(f"[bold]run[/] {run_dir}: {sft} / {len(data.rl_pool)} RL examples on "
                  f"{len(cfg.data.all_train_dbs())} databases; {sum(map(len, data.eval_sets.values()))} held-out "
                  f"questions on {sum(map(len, held_out.values()))} other databases{sets}")
     summary = {"run": str(run_dir), "phases": []}
@@ -291,8 +295,7 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         if (info := _done(stage_dir)) is None:
             t0 = time.monotonic()
             rates, sampler = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
-            smoothing = SmoothingConfig(n_bins=stage.bins, max_repeats=stage.max_repeats,
-                                        keep_zero_share=stage.keep_zero_share)
+            smoothing = stage_smoothing(stage)
             if stage.curriculum == "uniform":  # ablation: no smoothing, no gap filling
                 curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index,
                                                 drop_empty_gold=stage.drop_empty_gold)
@@ -307,6 +310,10 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
                                               drop_empty_gold=stage.drop_empty_gold)
             paths = write_stage(curriculum, stage_dir, "curriculum", data.db_root, config=smoothing,
                                 compare=data.compare, prompt_format=data.prompt_format)
+            head, *notes = report_lines(stage.name, curriculum.report)
+            stderr.print(escape(head), soft_wrap=True)
+            for note in notes:
+                stderr.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
             pool_rates = [rates[e.id] for e in data.rl_pool if e.id in rates]
             t_curriculum = time.monotonic() - t0
             stop_if_preempted(f"stopped before training {stage.name} (its curriculum {paths['parquet']} written)")
@@ -341,6 +348,15 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
 
         plot_run(run_dir)
     return summary
+
+
+def stage_smoothing(stage: StageConfig):
+    """The stage's `SmoothingConfig`: its bins on the pass rates j/estimate_k (uniform stages ignore the bins)."""
+    from data_synthesis.smoothing import SmoothingConfig, bins_for
+
+    k = stage.estimate_k if stage.curriculum == "smoothed" else None
+    return SmoothingConfig(n_bins=bins_for(k, stage.bins), max_repeats=stage.max_repeats,
+                           keep_zero_share=stage.keep_zero_share, k=k)
 
 
 def empty_curriculum_message(stage: str, rated: int, dropped: dict, model: Path) -> str:

@@ -15,8 +15,9 @@ import pytest
 # Ray's own workers inherit it). verl's CPU platform sets the same for the runs it launches (cpu_platform.cpu_env).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-# ../shared/data/spider beside the checkout; SIRIUS_SPIDER_DATA points a checkout elsewhere (a worktree) at it
-SPIDER = Path(os.environ.get("SIRIUS_SPIDER_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
+# Spider in its usual layout (databases/, dev.jsonl, tables.json, ...): SIRIUS_SPIDER_ROOT, else ../shared/data/spider
+# beside the checkout (a worktree elsewhere points the variable at it); absent, the tests that read it skip
+SPIDER = Path(os.environ.get("SIRIUS_SPIDER_ROOT") or Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
 
 # Top-level modules of the optional extras: a test (or doctest) needing one that is not installed skips.
 VERL_EXTRA = frozenset({"verl", "transfer_queue", "hydra", "ray"})
@@ -95,7 +96,7 @@ def demo_db_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def spider_root() -> Path:
     if not (SPIDER / "databases").is_dir():
-        pytest.skip("Spider data not found at ../shared/data/spider")
+        pytest.skip(f"Spider data not found at {SPIDER} (set SIRIUS_SPIDER_ROOT)")
     return SPIDER
 
 

@@ -232,3 +232,29 @@ def test_the_documented_score_contract_is_what_sirius_score_writes(tmp_path, spi
     assert [sorted(r) for r in out] == [sorted(["id", "match", "pred_status", "gold_status"]),
                                         sorted(["id", "match", "pred_status", "gold_status", "pred_error"])]
     assert [(r["id"], r["match"], r["pred_status"]) for r in out] == [(0, True, "ok"), ("x", False, "error")]
+
+
+def test_score_and_evaluate_refuse_a_db_root_without_the_databases(tmp_path, spider_root):
+    """A wrong --db-root used to give EX 0.00% and exit 0 (every query an error); infer and benchmark refuse it."""
+    rows = [{"id": "a", **Q, "pred_sql": Q["gold_sql"]}, {"id": "b", **Q, "db_id": "pets_1", "pred_sql": None}]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "gold.jsonl").write_text("".join(json.dumps({k: r[k] for k in ("id", "db_id", "gold_sql")}) + "\n"
+                                                 for r in rows))
+    (tmp_path / "picks.jsonl").write_text("".join(json.dumps({"id": r["id"], "pred_sql": r["pred_sql"]}) + "\n"
+                                                  for r in rows))
+    wrong = tmp_path / "empty"
+    wrong.mkdir()
+    score = CliRunner().invoke(app, ["score", "--db-root", str(wrong), "--input", str(tmp_path / "pairs.jsonl"),
+                                     "--output", str(tmp_path / "scored.jsonl")], env={"COLUMNS": "400"})
+    assert score.exit_code == 2 and not (tmp_path / "scored.jsonl").exists(), score.output
+    assert score.output.startswith(f"error: 2 line(s) of {tmp_path / 'pairs.jsonl'} use database(s) not found under "
+                                   f"{wrong}: ['concert_singer', 'pets_1']; each needs "), score.output
+    evaluate = CliRunner().invoke(app, ["evaluate", "--db-root", str(wrong), "--pred", str(tmp_path / "picks.jsonl"),
+                                        "--gold", str(tmp_path / "gold.jsonl"), "--out", str(tmp_path / "eval"),
+                                        "--quiet"], env={"COLUMNS": "400"})
+    assert evaluate.exit_code == 2 and not (tmp_path / "eval").exists(), evaluate.output
+    assert "error: 2 question(s) use database(s) not found under" in evaluate.output
+    right = CliRunner().invoke(app, ["score", "--db-root", str(spider_root / "databases"), "--input",
+                                     str(tmp_path / "pairs.jsonl"), "--output", str(tmp_path / "scored.jsonl"),
+                                     "--quiet"])
+    assert right.exit_code == 0 and "EX (bird) = 50.00% over 2 pairs" in " ".join(right.output.split())

@@ -137,10 +137,19 @@ def test_shipped_verl_configs_plan_within_80_gib(name):
     assert report.plans and all(p.fits for _, plans in report.plans for p in plans)
 
 
-def test_without_a_config_the_doctor_checks_this_machine_against_the_tested_set():
-    result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
-    assert "this machine against the verl tested set" in result.output and "tested set: ==0.9.1" in result.output
-    assert result.exit_code == (1 if " FAIL " in result.output else 0)  # here: 1 (no GPU, no vLLM)
+def test_without_a_config_the_doctor_checks_this_machine_for_what_it_can_run():
+    """A GPU node: against verl's tested set. A CPU-only machine (this one): the local backend, which runs here, so a
+    new user's first `sirius doctor` does not fail on GPUs, vLLM and flash-attn it has no use for."""
+    from sirius_train import preflight
+
+    result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "300"})
+    output = " ".join(result.output.split())
+    if preflight.query_gpus().names:
+        assert "this machine against the verl tested set" in output and "tested set: ==0.9.1" in output
+        return
+    assert result.exit_code == 0 and " FAIL " not in result.output, result.output
+    assert "this machine: no GPU visible, so the local backend on the CPU" in output
+    assert "none visible: this run uses the CPU" in output and "not needed (backend: local)" in output
 
 
 
@@ -182,3 +191,36 @@ def test_doctor_in_the_verl_cpu_environment_is_green():
     result = CliRunner().invoke(app, ["doctor", str(CONFIGS / "verl_cpu_smoke.yaml")], env={"COLUMNS": "250"})
     assert "verl CPU platform" in result.output and "vLLM's CPU build (0.27.0+cpu)" in " ".join(result.output.split())
     assert result.exit_code == 0, result.output
+
+
+def test_doctor_and_the_dry_run_state_what_estimation_generates_beside_dapo(tmp_path):
+    """Per stage: pool x k for the pass rates (again for stage 2) beside DAPO's steps x prompts x samples."""
+    from tiny_run import tiny_overrides
+
+    from sirius_train.cost import sizes
+    from sirius_train.schedule import prepare_data
+
+    nano = load_config(CONFIGS / "nano.yaml", [f"output_dir={tmp_path / 'none'}"])
+    checks = {c.name: c.detail for c in doctor_report(nano).checks}
+    # 23 training databases x 100 examples, 30% of them RL; stage 1: 40 steps x 8 prompts x 8 answers
+    assert checks["generations stage1"] == ("pass rates 690 x k=4 = 2,760; DAPO 40 steps x 8 prompts x 8 = 2,560 "
+                                            "(<= 7,680 with 3 dynamic-sampling rounds)")
+    assert checks["generations stage2"].startswith("pass rates 690 x k=4 = 2,760; DAPO 30 steps x 8 prompts x 8 = ")
+    assert checks["generations"].startswith("answers sampled over an RL pool of 690 and 800 held-out questions "
+                                            "(planned from the config")
+    dry = CliRunner().invoke(app, ["train", str(CONFIGS / "nano.yaml"), f"output_dir={tmp_path / 'none'}",
+                                   "stages.1.estimate_k=8", "--dry-run"], env={"COLUMNS": "300"})
+    assert dry.exit_code == 0, dry.output
+    assert "stage2: pass rates 690 x k=8 = 5,520; DAPO 30 steps" in dry.output
+    assert not (tmp_path / "none").exists()  # a dry run starts nothing
+
+    tiny = load_config(CONFIGS / "nano.yaml", tiny_overrides(tmp_path))  # one database x 60, RL on all of them
+    planned = sizes(tiny)
+    data = prepare_data(tiny)
+    written = sizes(tiny)  # a rerun counts the run folder's own data
+    assert (planned.rl_pool, written.rl_pool) == (60, len(data.rl_pool))
+    assert written.held_out == sum(map(len, data.eval_sets.values())) <= planned.held_out == 12
+    assert written.source == f"from {tiny.run_dir / 'data'}"
+    cluster = {c.name: c.detail for c in doctor_report(load_config(CONFIGS / "qwen7b_8gpu.yaml")).checks}
+    assert "the pool's size is unknown here: no /shared/sirius/pools/train_pool.jsonl" in cluster["generations"]
+    assert cluster["generations stage1"].startswith("pass rates pool x k=8 (8 per pool example)")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,11 +35,19 @@ def _rows(run_dir):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """The tiny schedule, its stderr written to `<tmp>/stderr.log` as a log file on a cluster would get it."""
     from sirius_train.commands.train import run_schedule
 
     tmp = tmp_path_factory.mktemp("tiny")
     cfg = load_config(NANO, tiny_overrides(tmp))
-    return cfg, run_schedule(cfg), tmp / "runs" / "tiny"
+    pace = os.environ.get("SIRIUS_PROGRESS_EVERY_S")
+    os.environ["SIRIUS_PROGRESS_EVERY_S"] = "0.2"
+    try:
+        with (tmp / "stderr.log").open("w") as log, contextlib.redirect_stderr(log):
+            summary = run_schedule(cfg)
+    finally:
+        os.environ.pop("SIRIUS_PROGRESS_EVERY_S") if pace is None else os.environ.update(SIRIUS_PROGRESS_EVERY_S=pace)
+    return cfg, summary, tmp / "runs" / "tiny"
 
 
 def test_schedule_runs_and_logs_the_contract(tiny_run):
@@ -62,6 +71,28 @@ def test_schedule_runs_and_logs_the_contract(tiny_run):
     # stage 1's curriculum has questions the warm-started policy sometimes solves
     report = json.loads((run_dir / "stage1" / "curriculum.report.json").read_text())
     assert report["selected"] > 0, report
+
+
+def test_every_long_phase_prints_plain_lines_in_a_log(tiny_run):
+    """stderr a file, not a terminal: no bars (they would print once, when finished), a line per phase at a steady
+    pace with done/total, elapsed, rate, ETA and the phase's own figure, and the curriculum's bins."""
+    log = (tiny_run[2].parents[1] / "stderr.log").read_text()
+    assert "\r" not in log and "━" not in log  # no bar redraws
+    lines = log.splitlines()
+    for phase, figure in (("SFT", "loss "), ("pass rates (stage1, k=4)", None), ("DAPO stage1", "reward "),
+                          ("pass rates (stage2, k=4)", None), ("DAPO stage2", "reward "), ("evaluation (sft)", None),
+                          ("evaluation (stage2)", None)):
+        mine = [line for line in lines if line.startswith(f"{phase}: ")]
+        total = re.fullmatch(rf"{re.escape(phase)}: (\d+) to do", mine[0]).group(1)
+        assert re.fullmatch(rf"{re.escape(phase)}: {total}/{total} \(100%\), \w+ elapsed, .*", mine[-1]), mine[-1]
+        if figure:
+            assert figure in mine[-1], mine[-1]
+    sft = [line for line in lines if line.startswith("SFT: ") and " elapsed" in line]
+    started = [line for line in sft if not line.startswith("SFT: 0/")]  # a rate once a step is done (a slow first
+    assert len(sft) >= 3 and all("/s" in line or "s each" in line for line in started), sft  # step ticks without one)
+    assert any(", ETA " in line for line in sft)
+    assert re.search(r"^stage1 curriculum: 8 of budget 8 \(\d+ distinct\) in 3 bins over k=4 pass rates: 1/4 ", log,
+                     re.M), log
 
 
 def test_the_warm_start_learned_its_data(tiny_run):

@@ -182,3 +182,40 @@ def test_an_sft_only_run_plots_its_held_out_panel_alone_without_warnings(tmp_pat
         out = plot_run(tmp_path)
     height, width, _ = imread(out).shape
     assert width < 1.5 * height  # one panel (4 x 3.4 in); five would be 20 in wide
+
+
+def test_the_resume_line_of_a_run_started_with_fresh_does_not_start_it_over(capsys, monkeypatch):
+    """Pasting the printed line must resume: `--fresh` would move the run aside again (and `--resume-anyway` is
+    no longer needed once the record holds the config)."""
+    from sirius_train.commands.train import preempted_exit
+    from sirius_train.halts import Preempted
+
+    monkeypatch.setattr(sys, "argv", ["sirius", "train", "configs/nano.yaml", "--fresh", "seed=3"])
+    code = preempted_exit(Preempted("SIGINT: stage 'stage1' stopped after step 2 of 40")).exit_code
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 130 and err.endswith("resume with: sirius train configs/nano.yaml seed=3"), err
+    monkeypatch.setattr(sys, "argv", ["sirius", "sft", "run.yaml", "--resume-anyway", "name=a b"])
+    preempted_exit(Preempted("SIGTERM: SFT stopped after step 3 of 9"))
+    assert " ".join(capsys.readouterr().err.split()).endswith("resume with: sirius sft run.yaml 'name=a b'")
+
+
+def test_resume_anyway_on_a_finished_run_refuses_instead_of_recording_changes_no_phase_trained_with(tmp_path):
+    from typer.testing import CliRunner
+
+    from sirius_train.cli import app
+    from sirius_train.run_folder import phases
+
+    cfg = _record(tmp_path)
+    for phase in phases(cfg):
+        (cfg.run_dir / phase).mkdir()
+        (cfg.run_dir / phase / "DONE.json").write_text('{"phase": "%s"}' % phase)
+    (cfg.run_dir / "summary.json").write_text('{"seed": 0}')
+    before = {p: p.read_bytes() for p in cfg.run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    result = CliRunner().invoke(app, ["train", str(NANO), *tiny_overrides(tmp_path, "rec"), "seed=5",
+                                      "--resume-anyway"], env={"COLUMNS": "400"})
+    line = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert line.startswith(f"error: every phase of {cfg.run_dir} is done (base, sft, stage1, stage2): "
+                           "--resume-anyway would apply these changes (seed: 0 -> 5) to none of them"), line
+    assert "--fresh starts it over" in line
+    assert {p: p.read_bytes() for p in cfg.run_dir.rglob("*") if p.is_file() and p.name != ".lock"} == before

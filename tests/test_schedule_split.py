@@ -34,3 +34,18 @@ def test_no_warm_start_leaves_the_whole_pool_to_rl():
 def test_unknown_split_choices_are_config_errors(override):
     with pytest.raises(ConfigError, match=override.split("=")[0]):
         load_config(NANO, [override])
+
+
+def test_rl_from_a_warm_start_made_elsewhere_keeps_its_split_and_held_out_set(tmp_path):
+    """docs/SFT.md's `sirius train ... model.path=runs/demo/sft/model sft.enabled=false`: with SFT skipped the RL
+    pool must still leave out the demos that model was trained on, and the held-out questions stay the same ones
+    (they were 0 SFT / 2,300 RL and 385 held-out instead of the demo's 1,610 / 690 and 377)."""
+    from sirius_train.schedule import prepare_data
+
+    small = [f"data.db_root={tmp_path / 'dbs'}", "data.generated_train_dbs=2", "data.synth_per_db=30",
+             "data.generated_eval_dbs=1", "data.eval_sets=[val-seen-types]", "data.eval_per_db=20"]
+    warm = prepare_data(load_config(NANO, [*small, f"output_dir={tmp_path / 'a'}"]))
+    rl = prepare_data(load_config(NANO, [*small, f"output_dir={tmp_path / 'b'}", "sft.enabled=false"]))
+    assert len(warm.sft_pool) > 0 and len(warm.rl_pool) > 0
+    assert [e.id for e in rl.rl_pool] == [e.id for e in warm.rl_pool]
+    assert [(e.question, e.gold_sql) for e in rl.eval_set] == [(e.question, e.gold_sql) for e in warm.eval_set]

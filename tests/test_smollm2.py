@@ -41,7 +41,7 @@ def test_every_loader_ends_answers_where_the_model_does(smollm2_gguf, smollm2_fo
     tokens and chat template, as every command loads them."""
     from data_synthesis.checkpoints import load_tokenizer
     from data_synthesis.prompts import PromptFormat, chat_text
-    from sirius_train.benchmark import check_model_folder
+    from sirius_train.evaluation.benchmark import check_model_folder
 
     system = PromptFormat().system  # the run's default system prompt
     texts = []

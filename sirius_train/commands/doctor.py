@@ -8,7 +8,7 @@ memory plan of every phase of every stage. Each failed check says the fix. Exit 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import typer
@@ -38,14 +38,18 @@ def doctor_report(cfg, gpu_gib: float | None = None, environment_only: bool = Fa
     from sirius_train.verl_backend.plans import DEFAULT_GPU_GIB, model_shape, stage_memory
 
     gpus = preflight.query_gpus()
-    if environment_only:  # no config: this machine against the tested set
+    if environment_only:  # no config: this machine for what it can run (a CPU machine: the local backend)
+        subject = "this machine against the verl tested set"
+        if not gpus.names:
+            cfg = replace(cfg, backend="local")
+            subject = ("this machine: no GPU visible, so the local backend on the CPU (verl needs GPUs; `sirius "
+                       "doctor configs/verl_cpu_smoke.yaml` checks verl's CPU platform)")
         checks = [*preflight.gpu_checks(cfg, gpus),
                   *preflight.version_checks(cfg, preflight.tested_set(preflight.constraints_of(cfg)))]
-        return Report(checks, None, "", gpu_gib or DEFAULT_GPU_GIB, bool(gpus.memory_gib),
-                      "this machine against the verl tested set")
+        return Report(checks, None, "", gpu_gib or DEFAULT_GPU_GIB, bool(gpus.memory_gib), subject)
     found = model_shape(cfg)
     checks = [*preflight.gpu_checks(cfg, gpus), *preflight.cheap_checks(cfg), *preflight.budget_checks(cfg),
-              preflight.disk_check(cfg, found[1] if found else None)]
+              *preflight.cost_checks(cfg), preflight.disk_check(cfg, found[1] if found else None)]
     planned = gpu_gib or (min(gpus.memory_gib) if gpus.memory_gib else DEFAULT_GPU_GIB)
     plans = stage_memory(cfg, found[1], planned) if cfg.backend == "verl" and found else None
     if cfg.backend == "verl" and not found:
@@ -85,7 +89,8 @@ def render(console: Console, cfg, report: Report) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def doctor(
-        config: Path = typer.Argument(None, help="run config YAML (none: this machine against the verl tested set)"),
+        config: Path = typer.Argument(None, help="run config YAML (none: this machine, against the verl tested set "
+                                      "on a GPU node, for the local backend on a CPU-only one)"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides, as for `sirius train`"),
         gpu_gib: float = typer.Option(None, "--gpu-gib", help="GPU memory to plan for (default: this node's GPUs, "
                                       "or 80 GiB when none is visible)"),

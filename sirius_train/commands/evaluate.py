@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar"),
     ):
         """Execution accuracy per difficulty bucket and per database (our JSONL, BIRD or Spider files)."""
+        from rewards.databases import require_db_ids
         from sirius_train.evaluation.official_eval import official_limits
         from sirius_train.evaluation.reports import (detect_format, ex_report, load_items, markdown_report, score_items,
                                                      write_report)
@@ -54,6 +55,7 @@ def register(app: typer.Typer) -> None:
             layout = detect_format(pred) if fmt.value == "auto" else fmt.value
             mode = ("spider" if layout == "spider" else "bird") if compare.value == "auto" else compare.value
             items = load_items(pred, gold, layout, difficulty_file)
+            require_db_ids(db_root, [it.db_id for it in items], "question(s)")
             stderr.print(f"evaluate: {len(items)} questions, format={layout}, compare={mode}")
             limits = official_limits(layout, timeout)
             with progress_bar("scoring", len(items), not quiet) as advance:

@@ -27,7 +27,10 @@ def score_file(db_root: Path, input_path: Path, output_path: Path, compare: str 
     from rewards.scoring import ScoreItem
     from data_synthesis.jsonl import read_jsonl, write_jsonl
 
+    from rewards.databases import require_db_ids
+
     rows = read_jsonl(input_path, required=INPUT_FIELDS)
+    require_db_ids(db_root, [str(r["db_id"]) for r in rows], f"line(s) of {input_path}")
     items = [ScoreItem(db_id=str(r["db_id"]), gold_sql=r["gold_sql"], pred_sql=r["pred_sql"], compare=compare,
                        id=r["id"]) for r in rows]
     with Executor(db_root, workers=workers, limits=Limits(timeout_s=timeout)) as executor, \

@@ -130,11 +130,14 @@ def write_rates(path: Path, estimates) -> None:
     write_jsonl(path, ({k: v for k, v in e.to_json().items() if k != "key"} for e in estimates))
 
 
-def read_rates(path: Path) -> dict[str, float]:
+def read_rates(path: Path) -> tuple[dict[str, float], int | None]:
+    """`{id: pass rate}` of the examples whose gold ran, and the k behind them (None: not one k, or not recorded)."""
     from data_synthesis.jsonl import read_jsonl
 
-    rows = read_jsonl(path, required={"id": (str, int), "pass_rate": float})
-    return {str(r["id"]): float(r["pass_rate"]) for r in rows if r.get("gold_status", "ok") in ("ok", "empty")}
+    rows = [r for r in read_jsonl(path, required={"id": (str, int), "pass_rate": float})
+            if r.get("gold_status", "ok") in ("ok", "empty")]
+    ks = {r.get("k") for r in rows}
+    return {str(r["id"]): float(r["pass_rate"]) for r in rows}, ks.pop() if len(ks) == 1 else None
 
 
 def print_counts(title: str, counts: dict) -> None:
@@ -216,6 +219,7 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.difficulty import estimate as run_estimate
         from data_synthesis.export import histogram_counts
         from data_synthesis.records import read_examples
+        from data_synthesis.smoothing import bin_label, bins_for
 
         compare, engine = compare.value, engine.value
         with one_line_errors():
@@ -241,8 +245,9 @@ def register(app: typer.Typer) -> None:
                 else:
                     estimates = run_estimate(examples, factory(), db_root, k, progress=advance, **options)
             write_rates(out, estimates)
-        counts = histogram_counts([e.pass_rate for e in estimates], 4)
-        labels = ["p = 0", "(0, .25)", "[.25, .5)", "[.5, .75)", "[.75, 1)", "p = 1"]
+        n = bins_for(k) if k > 1 else 1
+        counts = histogram_counts([e.pass_rate for e in estimates], n)
+        labels = ["p = 0", *(bin_label(b, n, k) for b in range(n)), "p = 1"]
         print_counts(f"pass rates of {len(estimates)} examples -> {out}", dict(zip(labels, counts)))
 
     @synth.command()
@@ -253,7 +258,10 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(..., "--budget", min=1, help="training examples in the stage (repeats count)"),
         out_dir: Path = typer.Option(..., "--out-dir", help="where the stage files go"),
         stage: str = typer.Option("stage1", "--stage", help="stage name: the output files' stem"),
-        bins: int = typer.Option(4, "--bins", min=1), max_repeats: int = typer.Option(3, "--max-repeats", min=1),
+        bins: int = typer.Option(None, "--bins", min=1, help="pass-rate bins; default: one per rate j/k the rates' "
+                                 "k can produce in (0, 1), at most 4 (more than k - 1 is refused: a bin would stay "
+                                 "empty)"),
+        max_repeats: int = typer.Option(3, "--max-repeats", min=1, help="most uses of one example in the stage"),
         keep_zero_share: float = typer.Option(0.0, "--keep-zero-share", help="budget share for p = 0 examples"),
         fill: bool = typer.Option(None, "--fill/--no-fill", help="fill short bins by mutation (default: on when "
                                                                  "a sampler is given)"),
@@ -270,13 +278,18 @@ def register(app: typer.Typer) -> None:
         from data_synthesis.curriculum import MutationFiller, build_curriculum
         from data_synthesis.export import write_stage
         from data_synthesis.records import read_examples
-        from data_synthesis.smoothing import SmoothingConfig
+        from data_synthesis.smoothing import SmoothingConfig, bin_label, bins_for
 
         compare = compare.value
         with one_line_errors():
-            smoothing = SmoothingConfig(n_bins=bins, max_repeats=max_repeats, keep_zero_share=keep_zero_share)
             examples = read_examples(pool)
-            pass_rates = read_rates(rates)
+            pass_rates, rates_k = read_rates(rates)
+            try:
+                smoothing = SmoothingConfig(n_bins=bins_for(rates_k, bins), max_repeats=max_repeats,
+                                            keep_zero_share=keep_zero_share, k=rates_k)
+            except ValueError as e:
+                raise ValueError(f"--bins {bins} with the rates of {rates} (k={rates_k}): {e}; pass --bins <= "
+                                 f"{rates_k - 1} or leave it out" if bins else f"{rates}: {e}") from None
             fmt = resolve_format(model or url, config, schema_style, schema_samples, system_prompt)
             has_sampler = model is not None or url is not None
             fill = has_sampler if fill is None else fill
@@ -290,7 +303,8 @@ def register(app: typer.Typer) -> None:
                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                                         batch_size=batch_size, compare=compare, workers=workers, policy=policy,
                                         prompt_format=fmt)
-            stderr.print(f"stage {stage}: budget {budget}, {bins} bins, max {max_repeats} repeats, "
+            stderr.print(f"stage {stage}: budget {budget}, {smoothing.n_bins} bins"
+                         f"{f' over the pass rates of k={rates_k}' if rates_k else ''}, max {max_repeats} repeats, "
                          f"p = 0 share {keep_zero_share}, gap filling {'on' if filler else 'off'}")
             result = build_curriculum(examples, pass_rates, budget, config=smoothing, seed=seed, filler=filler,
                                       max_fill_rounds=fill_rounds)
@@ -298,10 +312,12 @@ def register(app: typer.Typer) -> None:
         report = result.report
         print_counts(f"stage {stage}: {report['selected']} of budget {budget} "
                      f"({report['unique_selected']} distinct) -> {paths['parquet']}",
-                     {**{f"bin [{b['lo']:.2f}, {b['hi']:.2f})": f"{b['selected']}/{b['target']}"
-                         f" ({b['unique']} distinct)" for b in report["bins"]},
+                     {**{bin_label(b, smoothing.n_bins, rates_k): f"{r['selected']}/{r['target']} ({r['unique']} "
+                         "distinct)" for b, r in enumerate(report["bins"])},
                       **{f"dropped: {k}": v for k, v in report["dropped"].items()},
                       "new examples (mutations)": report["new_examples"]})
+        for note in report["notes"]:
+            stderr.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
         if not report["selected"]:  # exit 1: the command ran, but a pipeline must not train on an empty stage
             dropped = ", ".join(f"{k}: {v}" for k, v in report["dropped"].items()) or "nothing rated"
             stderr.print(f"[yellow]warning:[/] stage {stage} kept 0 of its budget of {budget} ({escape(dropped)}): "

@@ -107,17 +107,34 @@ def preempted_exit(e) -> typer.Exit:
     import sys
 
     what = "interrupted" if e.interrupted else "preempted"
-    stderr.print(f"{what} -- {escape(str(e))}; resume with: {escape(shlex.join(['sirius', *sys.argv[1:]]))}")
+    stderr.print(f"{what} -- {escape(str(e))}; resume with: {escape(shlex.join(resume_argv(sys.argv[1:])))}")
     return typer.Exit(130 if e.interrupted else 0)
+
+
+def resume_argv(args: list[str]) -> list[str]:
+    """The command that resumes a stopped run: its own, less `--fresh` (which would start it over again) and
+    `--resume-anyway` (the record now holds this config, so a plain rerun continues it).
+
+    >>> resume_argv(["train", "configs/nano.yaml", "--fresh", "seed=1"])
+    ['sirius', 'train', 'configs/nano.yaml', 'seed=1']
+    """
+    return ["sirius", *(a for a in args if a not in ("--fresh", "--resume-anyway"))]
+
+
+def print_cost(cfg) -> None:
+    """What the run will generate, per stage (`sirius_train.cost`), on stdout."""
+    from sirius_train.cost import cost_rows
+
+    (_, head), *rows = cost_rows(cfg)
+    typer.echo(f"# ---- generations: {head}")
+    for what, detail in rows:
+        typer.echo(f"{what}: {detail}")
 
 
 def print_verl_plan(cfg) -> None:
     """Each stage's exact verl command and resolved config on stdout; a key verl would not read is an error."""
     from sirius_train.config import ConfigError
 
-    if cfg.backend != "verl":
-        stderr.print("[red]error:[/] --dry-run shows the verl jobs of a run: add --backend verl (or backend: verl)")
-        raise typer.Exit(2)
     try:
         from omegaconf import OmegaConf
 
@@ -195,8 +212,9 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="run config YAML (configs/nano.yaml, configs/qwen7b_8gpu.yaml, ...)"),
         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. stages.0.steps=10 seed=1"),
         backend: BACKEND = typer.Option(None, "--backend", help="local | verl (default: the config's)"),
-        dry_run: bool = typer.Option(False, "--dry-run", help="verl: print each stage's command and resolved "
-                                     "verl config, validated against the installed verl; run nothing"),
+        dry_run: bool = typer.Option(False, "--dry-run", help="print what each stage will generate (pass rates "
+                                     "beside DAPO) and, for verl, each stage's command and resolved verl config, "
+                                     "validated against the installed verl; run nothing"),
         resume_anyway: bool = typer.Option(False, "--resume-anyway", help=RESUME_ANYWAY_HELP),
         fresh: bool = typer.Option(False, "--fresh", help=FRESH_HELP),
     ):
@@ -205,7 +223,13 @@ def register(app: typer.Typer) -> None:
 
         cfg = _load(config, overrides, backend=backend and backend.value)
         if dry_run:
-            print_verl_plan(cfg)
+            print_cost(cfg)
+            if cfg.backend == "verl":
+                typer.echo("")
+                print_verl_plan(cfg)
+            else:
+                stderr.print("[green]ok:[/] the config loads; nothing was run (with --backend verl a dry run also "
+                             "prints each stage's verl command and memory plan)")
             return
         if launch_world_size() > 1:
             stderr.print("[red]error:[/] `sirius train` runs in one process (backend=verl starts its own Ray "

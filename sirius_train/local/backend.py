@@ -38,7 +38,10 @@ class LocalBackend:
     def __init__(self, cfg: RunConfig):
         from transformers.utils import logging as hf_logging
 
+        from sirius_train.local.quiet import quiet_deepspeed
+
         hf_logging.disable_progress_bar()  # our rich bars report the phases; HF's tqdm bars would interleave
+        quiet_deepspeed()  # the Trainer imports DeepSpeed, which announces its CPU fallback on a CPU machine
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -211,7 +214,7 @@ class LocalBackend:
 
         with progress_bar(f"DAPO {stage.name}", stage.steps) as advance:
             def show(step: int, row: dict) -> None:
-                advance()
+                advance(reward=row["reward_mean"], acc=row["acc_mean"])
 
             limits, probe = self.multi_turn or (None, None)
             trainer = DAPOTrainer(model, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
@@ -220,14 +223,18 @@ class LocalBackend:
                                   multi_turn=limits, probe=probe, compute_dtype=self.dtype)
             if trainer.resume():
                 stderr.print(f"resumed {stage.name} from step {trainer.step}")
-                advance(trainer.step)
+                advance(trainer.step, earlier=True)
             trainer.train()
         return self._keep(out / "model", model, tokenizer)
 
     def evaluate(self, model_path: Path, data, stage: str) -> dict:
+        from sirius_train.progress import progress_bar
+
         model, tokenizer = self.load(model_path)
         max_new = max([s.max_new_tokens for s in self.cfg.stages] or [96])
-        figures = self._eval(model, tokenizer, self._eval_items(data), data, max_new)
+        items = self._eval_items(data)
+        with progress_bar(f"evaluation ({stage})", len(items) * (1 + self.cfg.eval.k)) as advance:
+            figures = self._eval(model, tokenizer, items, data, max_new, progress=advance)
         self.metrics.log({"stage": stage, "step": -1, "eval": "final", **figures})
         return figures
 
@@ -257,14 +264,14 @@ class LocalBackend:
     def _eval_items(self, data) -> list[TrainItem]:
         return [TrainItem(self._prompt(e, data), e.db_id, e.gold_sql, e.id) for e in data.eval_set]
 
-    def _eval(self, model, tokenizer, items, data, max_new_tokens: int) -> dict:
+    def _eval(self, model, tokenizer, items, data, max_new_tokens: int, progress=None) -> dict:
         from sirius_train.local.evaluate import evaluate_policy
 
         with self.precision():
             return evaluate_policy(model, tokenizer, items, self.eval_executor, compare=data.compare,
                                    max_new_tokens=max_new_tokens, k=self.cfg.eval.k,
                                    temperature=self.cfg.eval.temperature, seed=self.cfg.seed,
-                                   multi_turn=self.multi_turn)
+                                   multi_turn=self.multi_turn, progress=progress)
 
     def close(self) -> None:
         for executor in (self._executor, self._eval_executor):

@@ -16,18 +16,19 @@ from data_synthesis.generation import generate
 
 def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str = "bird",
                     max_new_tokens: int = 96, batch_size: int = 64, return_predictions: bool = False,
-                    k: int = 0, temperature: float = 1.0, seed: int = 0, multi_turn=None) -> dict:
+                    k: int = 0, temperature: float = 1.0, seed: int = 0, multi_turn=None, progress=None) -> dict:
     """`eval_exec_acc` (and per-database accuracy) of greedy answers to `items` (TrainItem-like).
 
     With `k`: also k samples per item at `temperature` -> `eval_pass_at_k`, `eval_maj_at_k`,
     `eval_mean_sampled_ex`, `eval_headroom` (the figures of `sirius benchmark`), drawn from a forked RNG so
     evaluating never moves the training's random stream. With `multi_turn` = (ProbeLimits, probe(db_id, sql)):
     episodes instead of answers (`data_synthesis.multiturn`), plus `eval_turns_mean` and `eval_probe_share`.
+    `progress(m)` hears of the answers generated (`len(items) * (1 + k)` in all).
     """
     if not items:
         raise ValueError("no evaluation items")
     roll = _answers(model, tokenizer, items, multi_turn, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                    batch_size=batch_size)
+                    batch_size=batch_size, progress=progress)
     out = score_answers(items, roll.texts, executor, compare=compare, return_predictions=return_predictions or k > 0,
                         preds=roll.answers)
     if roll.probes is not None:
@@ -37,19 +38,22 @@ def evaluate_policy(model, tokenizer, items, executor: Executor, *, compare: str
         greedy = [p["match"] for p in (out["predictions"] if return_predictions else out.pop("predictions"))]
         out.update(_sampled_figures(model, tokenizer, items, executor, greedy, compare=compare, k=k,
                                     temperature=temperature, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                    seed=seed, multi_turn=multi_turn))
+                                    seed=seed, multi_turn=multi_turn, progress=progress))
     return out
 
 
-def _answers(model, tokenizer, items, multi_turn, **sampling):
+def _answers(model, tokenizer, items, multi_turn, progress=None, **sampling):
     """The rollout of `items`: answers, or episodes when `multi_turn` = (limits, probe(db_id, sql)) is given."""
     prompts = [it.prompt for it in items]
     if multi_turn is None:
-        return generate(model, tokenizer, prompts, **sampling)
+        return generate(model, tokenizer, prompts, progress=progress, **sampling)
     from data_synthesis.multiturn import generate_episodes
 
     limits, probe = multi_turn
-    return generate_episodes(model, tokenizer, prompts, lambda i, sql: probe(items[i].db_id, sql), limits, **sampling)
+    roll = generate_episodes(model, tokenizer, prompts, lambda i, sql: probe(items[i].db_id, sql), limits, **sampling)
+    if progress is not None:  # episodes report once, when all are done
+        progress(len(prompts) * sampling.get("n", 1))
+    return roll
 
 
 def score_answers(items, texts: list[str], executor: Executor, *, compare: str = "bird",
@@ -75,14 +79,14 @@ def score_answers(items, texts: list[str], executor: Executor, *, compare: str =
 
 
 def _sampled_figures(model, tokenizer, items, executor: Executor, greedy, *, compare: str, k: int, temperature: float,
-                     max_new_tokens: int, batch_size: int, seed: int, multi_turn=None) -> dict:
+                     max_new_tokens: int, batch_size: int, seed: int, multi_turn=None, progress=None) -> dict:
     import torch
 
     from sirius_train.evaluation.figures import QuestionScore, figures, score_samples
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        roll = _answers(model, tokenizer, items, multi_turn, n=k, temperature=temperature,
+        roll = _answers(model, tokenizer, items, multi_turn, progress, n=k, temperature=temperature,
                         max_new_tokens=max_new_tokens, batch_size=batch_size)
     answers = roll.answers if roll.answers is not None else [extract_sql(t) for t in roll.texts]
     sample_sql = [answers[i * k:(i + 1) * k] for i in range(len(items))]

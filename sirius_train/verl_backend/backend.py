@@ -149,6 +149,7 @@ class VerlBackend:
         from data_synthesis.interaction import observation_spans
         from data_synthesis.ray_sampler import estimate_calls
         from sirius_train.local.evaluate import score_answers
+        from sirius_train.progress import progress_bar
 
         max_new = max(s.max_new_tokens for s in self.cfg.stages)
         items = self.local._eval_items(data)
@@ -157,7 +158,11 @@ class VerlBackend:
         calls = estimate_calls([it.prompt for it in items], 1, batch_size=ENGINE_CALL_SEQUENCES, seed=self.cfg.seed,
                                temperature=0.0, top_p=1.0, max_new_tokens=max_new, db_ids=db_ids)
         sampler.expect(calls)
-        texts = [answers[0] for prompts, n, options in calls for answers in sampler.sample(prompts, n, **options)]
+        texts = []
+        with progress_bar(f"evaluation ({stage}, vLLM)", len(items)) as advance:
+            for prompts, n, options in calls:
+                texts += [answers[0] for answers in sampler.sample(prompts, n, **options)]
+                advance(len(prompts))
         figures = score_answers(items, texts, self.local.eval_executor, compare=data.compare)
         if sampler.multi_turn:  # probes run = observations in the episode
             probes = [len(observation_spans(t)) for t in texts]
