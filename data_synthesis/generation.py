@@ -184,14 +184,20 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
     record = record_logprobs and temperature > 0
     device = next(model.parameters()).device
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    per_call = max(1, batch_size // n)  # prompts per generate call
+    context = getattr(model.config, "max_position_embeddings", None) or 1 << 30
     was_training = model.training
     model.eval()
     parts = []
     try:
         with policy_sampling(model):
-            for start in range(0, len(prompts), per_call):
-                prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
+            for chunk, fits in prompt_chunks(tokenizer, prompts, max(1, batch_size // n), context):
+                prompt_ids, prompt_mask = encode_prompts(tokenizer, chunk, device)
+                if not fits:  # no position left for an answer: an empty one, cut at the limit, never past the context
+                    rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(n)
+                    empty = prompt_ids.new_zeros((len(rows), 0))
+                    parts.append((prompt_ids[rows], prompt_mask[rows], empty, torch.full((len(rows),), -1),
+                                  (empty.float(), empty.float()) if record else None))
+                    continue
                 rows = torch.arange(len(prompt_ids), device=device).repeat_interleave(n)
                 # every prompt token but the last: `generate` must run at least one token itself
                 shared = prompt_cache(model, prompt_ids[:, :-1], prompt_mask[:, :-1], rows,
@@ -203,7 +209,8 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
                 out = model.generate(
                     input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=temperature > 0,
                     temperature=temperature if temperature > 0 else None, top_p=top_p if temperature > 0 else None,
-                    top_k=None, max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+                    top_k=None, max_new_tokens=min(max_new_tokens, context - prompt_ids.shape[1]), pad_token_id=pad,
+                    eos_token_id=eos,
                     stopping_criteria=StoppingCriteriaList([sql_closed]),
                     logits_processor=LogitsProcessorList([recorder] if record else []),
                     past_key_values=None if shared is None else shared[0],
@@ -216,6 +223,26 @@ def generate(model, tokenizer, prompts: list[list[dict]], *, n: int = 1, tempera
     finally:
         model.train(was_training)
     return _assemble(parts, tokenizer)
+
+
+def prompt_chunks(tokenizer, prompts: list[list[dict]], per_call: int, context: int):
+    """`prompts` in order as (chunk, fits): runs of up to `per_call` prompts that leave the model's `context` room
+    for at least one answer token, and, alone, each one that does not (it gets an empty answer, not a generation
+    past the positions the model has: a real model's schema prompt can be longer than its context)."""
+    chunk: list = []
+    for prompt in prompts:
+        if len(tokenizer(chat_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]) < context:
+            chunk.append(prompt)
+            if len(chunk) == per_call:
+                yield chunk, True
+                chunk = []
+            continue
+        if chunk:
+            yield chunk, True
+            chunk = []
+        yield [prompt], False
+    if chunk:
+        yield chunk, True
 
 
 @contextmanager
@@ -301,6 +328,8 @@ def stop_lengths(resp: torch.Tensor, sql_closed_at: torch.Tensor, eos: int) -> t
     EOS (counted) or where its SQL block closed, whichever came first; a row stopped by neither ran to the
     length limit, every generated column."""
     generated = resp.shape[1]
+    if generated == 0:  # no answer was generated (a prompt that filled the context)
+        return torch.zeros(len(resp), dtype=torch.long), torch.zeros(len(resp), dtype=torch.bool)
     is_eos = resp == eos
     eos_len = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, generated + 1)
     sql_len = torch.where(sql_closed_at >= 0, sql_closed_at, generated + 1)

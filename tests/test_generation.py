@@ -107,3 +107,21 @@ def test_questions_on_one_schema_share_its_prefill_and_answer_as_if_asked_alone(
     together = generate(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=12).texts
     alone = [generate(model, tokenizer, [p], n=1, temperature=0.0, max_new_tokens=12).texts[0] for p in prompts]
     assert together == alone and len(set(alone)) > 1
+
+
+def test_no_answer_runs_past_the_models_positions():
+    """A prompt longer than the model's context gets an empty answer (cut at the limit) instead of a generation over
+    positions the model never had, and the others' answers stop at the context: the batch goes on."""
+    from data_synthesis.prompts import chat_text
+
+    model, tokenizer = _biased_model({"a": 0.0})  # never stops on its own
+    short, long = PROMPTS[0], render_prompt("q " * 60, "t(a)", system="")
+    width = len(tokenizer(chat_text(tokenizer, short), add_special_tokens=False)["input_ids"])
+    assert len(tokenizer(chat_text(tokenizer, long), add_special_tokens=False)["input_ids"]) > width + 20
+    model.config.max_position_embeddings = width + 5
+    torch.manual_seed(0)
+    roll = generate(model, tokenizer, [short, long, short], n=2, temperature=1.0, max_new_tokens=12,
+                    record_logprobs=True)
+    assert roll.lengths.tolist() == [5, 5, 0, 0, 5, 5]  # the context's room, none, and again its room
+    assert roll.truncated.all() and roll.texts[2:4] == ["", ""]
+    assert roll.old_log_prob.shape == roll.response_ids.shape and not roll.response_mask[2:4].any()
