@@ -11,6 +11,7 @@ Nothing is ever downloaded: every path is local.
 from __future__ import annotations
 
 import functools
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -121,6 +122,20 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, gguf_file: str
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def model_config(path: str | Path, gguf_file: str | None = None) -> dict | None:
+    """The model's HF config as a dict (its config.json, or what transformers reads from a GGUF header), None where
+    the path holds no checkpoint: what planners read without loading any weights."""
+    try:
+        folder, gguf = locate(path, gguf_file)
+    except CheckpointError:
+        return None
+    if gguf is None:
+        return json.loads((folder / "config.json").read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder, gguf_file=gguf, local_files_only=True).to_dict()
 
 
 def gguf_special_ids(path: Path) -> dict[str, int]:

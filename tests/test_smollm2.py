@@ -124,3 +124,16 @@ def test_one_dapo_update_trains_float32_weights_with_bf16_matmuls(smollm2_folder
     # an AdamW step of lr 1e-5 moves nearly every float32 weight; bf16 weights would keep most of theirs
     # (tests/test_precision.py measures that on a small model)
     assert min(moved.values()) > 0.5, sorted(moved.items(), key=lambda kv: kv[1])[:3]
+
+
+def test_the_verl_planner_reads_the_shape_and_positions_of_a_gguf(smollm2_gguf, smollm2_folder):
+    """`sirius train --backend verl --dry-run` on the GGUF plans memory and prompt room from the model itself, as it
+    does from the converted folder (it read only config.json, so a GGUF had no shape and no context limit)."""
+    from sirius_train.config import load_config
+    from sirius_train.verl_backend.plans import max_positions, model_shape
+
+    for source in (smollm2_gguf, smollm2_gguf.parent, smollm2_folder):
+        cfg = load_config(None, [f"model.path={source}", "backend=verl"])
+        assert max_positions(cfg) == 8192
+        _, shape = model_shape(cfg)
+        assert (shape.layers, shape.hidden, shape.vocab) == (30, 576, 49152)

@@ -7,7 +7,6 @@ published shape of a model the folder is named after, or the nano model the run 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,10 +54,10 @@ def model_shape(cfg: RunConfig, model_path: str | Path | None = None) -> tuple[s
             vocab=m.tokenizer_vocab, hidden=m.hidden_size, intermediate=m.intermediate_size,
             layers=m.num_hidden_layers, heads=m.num_attention_heads, kv_heads=m.num_attention_heads,
             tied_embeddings=True)
-    config = Path(path) / "config.json"
-    if config.is_file():
+    config = _config(cfg, path)
+    if config is not None:
         try:
-            return f"{config}", ModelShape.from_hf_config(json.loads(config.read_text()))
+            return str(path), ModelShape.from_hf_config(config)
         except (KeyError, TypeError, ValueError):
             return None
     if known := known_shape(str(path)):
@@ -71,10 +70,21 @@ def max_positions(cfg: RunConfig, model_path: str | Path | None = None) -> int |
     path = model_path or cfg.model.path
     if path is None:
         return cfg.model.max_position_embeddings
-    config = Path(path) / "config.json"
+    config = _config(cfg, path)
     try:
-        return int(json.loads(config.read_text())["max_position_embeddings"]) if config.is_file() else None
+        return int(config["max_position_embeddings"]) if config is not None else None
     except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _config(cfg: RunConfig, path: str | Path) -> dict | None:
+    """The HF config of a model folder or GGUF checkpoint (`model.gguf_file` for the configured model), or None."""
+    from data_synthesis.checkpoints import model_config
+
+    gguf = cfg.model.gguf_file if cfg.model.path and str(path) == str(cfg.model.path) else None
+    try:
+        return model_config(path, gguf)
+    except (OSError, ValueError):
         return None
 
 
