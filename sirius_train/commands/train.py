@@ -169,7 +169,7 @@ def _memory_plans(cfg) -> tuple[list[str], list[str]]:
     engine = f"pass rates + evaluation: {estimation_engine(cfg).describe()}"
     found = model_shape(cfg)
     if found is None:
-        missing = f"{engine}\nmemory plan: no model shape ({cfg.model.path} has no config.json here)"
+        missing = f"{engine}\nmemory plan: no model shape ({cfg.model.path} has no readable config.json or GGUF here)"
         return [], [missing] * len(cfg.stages)
     head = f"{engine}\nmemory per GPU ({DEFAULT_GPU_GIB:.0f} GiB assumed; model shape from {found[0]}):"
     blocks, bad = [], []
