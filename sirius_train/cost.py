@@ -77,8 +77,9 @@ def stage_costs(cfg: RunConfig, rl_pool: int) -> list[StageCost]:
 
 
 def eval_generations(cfg: RunConfig, held_out: int) -> tuple[int, int]:
-    """(generations per evaluation of every held-out set, evaluations): after SFT and after each stage."""
-    return held_out * (1 + cfg.eval.k), int(cfg.sft.enabled) + len(cfg.stages)
+    """(generations per evaluation of every held-out set, evaluations): of the base model (`eval.base`), after SFT
+    and after each stage."""
+    return held_out * (1 + cfg.eval.k), int(cfg.eval.base) + int(cfg.sft.enabled) + len(cfg.stages)
 
 
 def cost_rows(cfg: RunConfig, found: Sizes | None = None) -> list[tuple[str, str]]:

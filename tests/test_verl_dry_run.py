@@ -206,3 +206,11 @@ def test_observations_alone_past_the_positions_name_the_multi_turn_knobs():
                                           r"\(stage 'stage2''s response is max_new_tokens 64 \+ rollout.multi_turn."
                                           r"max_turns 1 x 459"):
         require_positions(cfg)
+
+
+def test_the_cost_preview_counts_the_zero_shot_evaluation():
+    from sirius_train.cost import eval_generations
+
+    cfg = load_config(CONFIGS / "nano.yaml")
+    assert eval_generations(cfg, 10)[1] == 3  # after SFT and after each of the two stages
+    assert eval_generations(load_config(CONFIGS / "nano.yaml", ["eval.base=true"]), 10)[1] == 4  # and the base
