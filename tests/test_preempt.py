@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,26 @@ def uncaught_ctrl_c():
     previous = signal.signal(signal.SIGINT, uncaught)
     yield uncaught
     signal.signal(signal.SIGINT, previous)
+
+
+def test_a_sigterm_while_ray_is_up_in_the_driver_is_a_preemption_not_an_exit():
+    """Ray 2.60's `ray.init` makes SIGTERM `sys.exit(15)`. Under `--backend verl` the driver starts Ray for its vLLM
+    engines (pass rates, every held-out evaluation) inside the schedule's signal context: through `init_ray` a
+    preemption there is still noted for the run to stop at a checkpoint, not an exit Slurm does not requeue."""
+    import ray
+
+    from data_synthesis.ray_sampler import init_ray
+    from sirius_train.halts import preemption_signals
+
+    with preemption_signals() as caught:
+        init_ray(ray, address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # Python runs the handler in the main thread, between bytecodes
+        finally:
+            ray.shutdown()
+    assert caught == ["SIGTERM"]
 
 
 def test_a_first_ctrl_c_is_a_preemption_and_a_second_one_stops_at_once(capfd, uncaught_ctrl_c):

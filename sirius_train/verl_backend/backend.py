@@ -315,15 +315,15 @@ def start_engines(cfg: RunConfig, model: Path, max_model_len: int, limits=None):
 
     import ray
 
-    from data_synthesis.ray_sampler import RaySampler
+    from data_synthesis.ray_sampler import RaySampler, init_ray
 
     if not ray.is_initialized():
         env = verl_env(prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")), cfg.verl.ray_address,
                        cfg.verl.device)
         # on a CPU machine the engines hold logical GPUs, as verl's workers do (`verl.device: cpu`)
         logical = {"num_gpus": cfg.verl.n_gpus_per_node} if cfg.verl.device == "cpu" else {}
-        ray.init(address=env.get("RAY_ADDRESS"), logging_level="ERROR",
-                 runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}, **logical)
+        init_ray(ray, address=env.get("RAY_ADDRESS"), logging_level="ERROR",
+                      runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}}, **logical)
     make, actors, gpus = engine_factory(cfg, model, max_model_len)
     if limits is not None:
         from data_synthesis.turns import episode_sampler

@@ -24,10 +24,12 @@ def reward_server_problems(urls: list[str], db_root: str, ray_address: str | Non
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from data_synthesis.ray_sampler import init_ray
+
     owned = not ray.is_initialized()
     if owned:
-        ray.init(address=ray_address, logging_level="ERROR", log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+        init_ray(ray, address=ray_address, logging_level="ERROR", log_to_driver=False,
+                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:
         nodes = [n for n in ray.nodes() if n["Alive"]]
         check = ray.remote(num_cpus=0)(_problems_here)
