@@ -139,7 +139,7 @@ class EntropyConfig:
 class StageConfig:
     """One DAPO stage: curriculum from the current policy, then training. Defaults follow SPEC section 3."""
 
-    name: str = "stage"
+    name: str = ""  # "" -> "stage<N>", its position; names must differ (the summary, logs, verl's experiment name)
     steps: int = 20
     budget: int = 256  # curriculum size (examples, repeats included)
     lr: float = 1e-4
@@ -433,6 +433,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         bad("data.compare", cfg.data.compare, "use 'bird' or 'spider'")
     if not cfg.stages:
         bad("stages", cfg.stages, "give at least one stage")
+    for i, s in enumerate(cfg.stages):
+        s.name = s.name or f"stage{i + 1}"
+    names = [s.name for s in cfg.stages]
+    for i, name in enumerate(names):
+        if name in ("base", "sft") or name in names[:i]:
+            bad(f"stages.{i}.name", name, "each stage needs its own name, neither 'base' nor 'sft' (the other "
+                "phases'): a name is how the summary and the logs tell stages apart")
     if cfg.data.schema_style not in ("ddl", "compact"):
         bad("data.schema_style", cfg.data.schema_style, "use 'ddl' or 'compact'")
     if cfg.data.sft_split not in ("examples", "databases"):

@@ -11,6 +11,10 @@ changes apply to the phases not yet done, and the old record is kept as `config.
 over (`--fresh`: the old folder is moved aside to `RUN.replaced-<time>`, nothing is deleted). Keys that only say
 where or how fast a run works (paths of the databases and servers, threads, checkpoint spacing, logging) may
 change freely.
+
+`RUN/run_id` names this run folder's life: a random id written when it is first claimed (and anew after
+`--fresh`). What a run keeps outside its folder -- verl's checkpoints under `verl.checkpoint_dir` -- is keyed by
+it, so a fresh start, or a run of the same name in another `output_dir`, never resumes another run's checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import fnmatch
 import json
 import os
 import shutil
+import secrets
 import socket
 import time
 from collections.abc import Iterator
@@ -31,6 +36,7 @@ from sirius_train.config import ConfigError, RunConfig
 
 LOCK = ".lock"
 RECORD = "config.yaml"
+RUN_ID = "run_id"
 REFUSE, RESUME_ANYWAY, FRESH = "refuse", "resume-anyway", "fresh"
 # Keys that say where or how fast the run works, not what it computes.
 NOT_RESULTS = ("name", "output_dir", "threads", "logging.*", "data.db_root", "data.build_demo_dbs", "reward.url",
@@ -88,6 +94,24 @@ def read_record(run_dir: Path) -> RunConfig | None:
                           "rerun with --fresh to start this run over, or pick another name=") from None
 
 
+def run_id(run_dir: Path) -> str | None:
+    """The id of the run in `run_dir` (None before it was first claimed)."""
+    try:
+        return (run_dir / RUN_ID).read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def ensure_run_id(run_dir: Path) -> str:
+    """The id of the run in `run_dir`, given one if it has none yet."""
+    if (found := run_id(run_dir)) is not None:
+        return found
+    run_dir.mkdir(parents=True, exist_ok=True)
+    new = secrets.token_hex(4)
+    (run_dir / RUN_ID).write_text(new + "\n")
+    return new
+
+
 def phases(cfg: RunConfig) -> list[str]:
     """The phase folders a run of `cfg` finishes, in order (each gets a `DONE.json` when it does).
 
@@ -121,14 +145,18 @@ def claim(cfg: RunConfig, on_change: str = REFUSE, notice=print) -> Iterator[Pat
             shutil.copy2(run_dir / RECORD, kept)
             notice(f"continuing {run_dir} with a changed config ({'; '.join(changes)}); the previous one is kept "
                    f"as {kept}")
-        if on_change == FRESH and any(p.name != LOCK for p in run_dir.iterdir()):
+        if on_change == FRESH and any(p.name not in (LOCK, RUN_ID) for p in run_dir.iterdir()):
             aside = run_dir.with_name(f"{run_dir.name}.replaced-{_stamp()}")
             os.replace(run_dir, aside)  # the lock file moves too, still ours; the new folder gets a new one
-            notice(f"moved the previous {run_dir} aside to {aside}; starting over")
+            notice(f"moved the previous {run_dir} aside to {aside}; starting over"
+                   + (f" (its verl checkpoints stay in {cfg.verl.checkpoint_dir}, keyed by its run id "
+                      f"{run_id(aside)}; this run gets its own)" if cfg.verl.checkpoint_dir else ""))
             held.close()
             with _locked(run_dir, notice):
+                ensure_run_id(run_dir)
                 yield run_dir
             return
+        ensure_run_id(run_dir)
         yield run_dir
 
 

@@ -110,7 +110,7 @@ def test_resume_anyway_keeps_the_old_record_and_fresh_moves_the_folder_aside(tmp
     kept = list(cfg.run_dir.glob("config.before-*.yaml"))
     assert len(kept) == 1 and "seed: 0" in kept[0].read_text() and "seed: 0 -> 5" in notices[0]
     with claim(changed, "fresh", notices.append) as run_dir:
-        assert run_dir == cfg.run_dir and [p.name for p in run_dir.iterdir()] == [".lock"]
+        assert run_dir == cfg.run_dir and sorted(p.name for p in run_dir.iterdir()) == [".lock", "run_id"]
     aside = list(tmp_path.glob("runs/rec.replaced-*"))
     assert len(aside) == 1 and (aside[0] / "summary.json").is_file() and f"aside to {aside[0]}" in notices[1]
 

@@ -214,3 +214,43 @@ def test_the_cost_preview_counts_the_zero_shot_evaluation():
     cfg = load_config(CONFIGS / "nano.yaml")
     assert eval_generations(cfg, 10)[1] == 3  # after SFT and after each of the two stages
     assert eval_generations(load_config(CONFIGS / "nano.yaml", ["eval.base=true"]), 10)[1] == 4  # and the base
+
+
+TWO_UNNAMED_STAGES = ("name: twostage\nbackend: verl\nverl:\n  checkpoint_dir: {}\n  max_prompt_length: 512\n"
+                      "stages:\n  - steps: 3\n  - steps: 2\n")
+
+
+def test_unnamed_stages_are_named_by_position_and_a_name_given_twice_is_refused(tmp_path):
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_UNNAMED_STAGES.format(tmp_path / "ckpts"))
+    assert [s.name for s in load_config(config).stages] == ["stage1", "stage2"]
+    for name in ("stage1", "sft"):
+        with pytest.raises(ConfigError, match=f"stages.1.name='{name}': each stage needs its own name"):
+            load_config(config, [f"stages.1.name={name}"])
+
+
+def test_verl_checkpoints_are_the_runs_own_and_each_stages_own(tmp_path):
+    """Under `verl.checkpoint_dir` (outside the run folder) verl resumes whatever it finds: each stage of each run
+    folder's life has its own folder there -- a run of the same name in another output_dir, or started over with
+    --fresh, never resumes another's checkpoint."""
+    from sirius_train.run_folder import claim
+
+    config = tmp_path / "two.yaml"
+    config.write_text(TWO_UNNAMED_STAGES.format(tmp_path / "ckpts"))
+    result = CliRunner().invoke(app, ["train", str(config), "--dry-run", f"output_dir={tmp_path / 'a'}"],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    shown = [line.split(": ", 1)[1] for line in result.output.splitlines()
+             if line.strip().startswith("default_local_dir:")]
+    assert shown == [str(tmp_path / "ckpts" / "twostage-new" / f"stage{i}") for i in (1, 2)], shown
+
+    def checkpoints(output_dir: Path, fresh: bool = False) -> list[str]:
+        cfg = load_config(config, [f"output_dir={output_dir}"])
+        with claim(cfg, "fresh" if fresh else "refuse", print) as run_dir:
+            (run_dir / "summary.json").write_text("{}")  # the run did something: --fresh has a folder to move
+            return [plan.paths.checkpoints for plan in plan_run(cfg)]
+
+    first = checkpoints(tmp_path / "a")
+    assert len(set(first)) == 2 and checkpoints(tmp_path / "a") == first  # a rerun resumes its own
+    elsewhere, fresh = checkpoints(tmp_path / "b"), checkpoints(tmp_path / "a", fresh=True)
+    assert not {*first} & {*elsewhere} and not {*first} & {*fresh} and not {*elsewhere} & {*fresh}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sirius_train.config import ConfigError, RunConfig, StageConfig
 from sirius_train.progress import stderr
+from sirius_train.run_folder import ensure_run_id, run_id
 from sirius_train.verl_backend.launch import (
     latest_actor_checkpoint,
     merge_to_hf,
@@ -57,10 +58,16 @@ class StagePlan:
         return shlex.join(self.argv)
 
 
+def verl_checkpoint_root(cfg: RunConfig) -> Path:
+    """This run's folder under `verl.checkpoint_dir`: its name and its run id (`run_folder.run_id`; "new" before
+    the run folder is first claimed, as in a dry run), so verl (resume_mode=auto) only ever resumes its own."""
+    return Path(cfg.verl.checkpoint_dir) / f"{cfg.name}-{run_id(cfg.run_dir) or 'new'}"
+
+
 def plan_stage(cfg: RunConfig, index: int, stage: StageConfig, curriculum: Path, init: Path, stage_dir: Path,
                eval_parquet: Path) -> StagePlan:
     """The verl command for stage `index` (1-based); every path absolute, since Ray workers run elsewhere."""
-    checkpoints = (Path(cfg.verl.checkpoint_dir) / cfg.name / stage.name if cfg.verl.checkpoint_dir
+    checkpoints = (verl_checkpoint_root(cfg) / f"stage{index}" if cfg.verl.checkpoint_dir
                    else stage_dir / "verl_checkpoints")
     paths = StagePaths(
         train_files=str(curriculum.resolve()), val_files=str(eval_parquet.resolve()), model=str(init.resolve()),
@@ -190,6 +197,7 @@ class VerlBackend:
         if self.local.multi_turn is not None:
             require_prompt_room([curriculum, eval_parquet], init, self.local.multi_turn[0],
                                 self.cfg.verl.max_prompt_length)
+        ensure_run_id(self.cfg.run_dir)  # claimed runs have one; a backend driven directly gets it here
         plan = plan_stage(self.cfg, index, stage, curriculum, init, out, eval_parquet)
         resolved = compose_verl_config(plan.overrides, plan.tool_config)  # a bad key fails here, not on the cluster
         out.mkdir(parents=True, exist_ok=True)
