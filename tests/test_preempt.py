@@ -155,6 +155,34 @@ def test_the_verl_stage_saves_every_checkpoint_every_steps_keeps_n_and_resumes_a
         3, 4, "auto", str(tmp_path / "verl_checkpoints"))
 
 
+def test_a_relaunched_stage_keeps_only_the_checkpoints_retention_allows(tmp_path):
+    """keep=2, preempted after step 30 and relaunched: verl's manager counts only the new launch's saves (50, 60), so
+    without pruning 20 and 30 stay forever (366 GiB each on the 32B recipe). Before the relaunch only the resume
+    point stays, after it the newest two; a save past the recorded step (cut short) goes; no record, nothing goes."""
+    from sirius_train.verl_backend.launch import prune_verl_checkpoints
+
+    ckpts = tmp_path / "verl_checkpoints"
+
+    def save(*steps: int, recorded: int) -> None:
+        for step in steps:
+            (ckpts / f"global_step_{step}" / "actor").mkdir(parents=True, exist_ok=True)
+        (ckpts / "latest_checkpointed_iteration.txt").write_text(str(recorded))
+
+    def on_disk() -> list[str]:
+        return sorted((p.name for p in ckpts.glob("global_step_*")), key=lambda n: int(n.rsplit("_", 1)[1]))
+
+    save(10, 20, 30, 40, recorded=30)  # 40: the save the preemption cut short
+    assert [p.name for p in prune_verl_checkpoints(ckpts, 1)] == ["global_step_40", "global_step_10",
+                                                                   "global_step_20"]
+    assert on_disk() == ["global_step_30"]  # the relaunch resumes from it
+    save(50, 60, recorded=60)
+    prune_verl_checkpoints(ckpts, 2)
+    assert on_disk() == ["global_step_50", "global_step_60"]
+    assert prune_verl_checkpoints(ckpts, 0) == [] and on_disk() == ["global_step_50", "global_step_60"]  # 0: all
+    (ckpts / "latest_checkpointed_iteration.txt").unlink()
+    assert prune_verl_checkpoints(ckpts, 1) == [] and len(on_disk()) == 2
+
+
 SRUN = """#!/usr/bin/env bash
 # srun: runs its command on this machine; exec makes this pid the task, as srun forwards USR1/TERM to its task
 while [[ $# -gt 0 ]]; do

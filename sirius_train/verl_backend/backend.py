@@ -26,6 +26,7 @@ from sirius_train.verl_backend.launch import (
     latest_actor_checkpoint,
     merge_to_hf,
     prepend_path,
+    prune_verl_checkpoints,
     run_logged,
     verl_command,
     verl_env,
@@ -223,7 +224,14 @@ class VerlBackend:
                     advance(step - done[0])
                     done[0] = step
 
-            run_logged(plan.argv, env, out / "verl.log", on_step=on_step, checkpoints=Path(plan.paths.checkpoints))
+            checkpoints, keep = Path(plan.paths.checkpoints), self.cfg.verl.keep_checkpoints
+            if checkpoints.is_dir():  # a relaunch: only the resume point stays, verl keeps `keep` of its own saves
+                prune_verl_checkpoints(checkpoints, min(1, keep))
+            try:
+                run_logged(plan.argv, env, out / "verl.log", on_step=on_step, checkpoints=checkpoints)
+            finally:
+                if checkpoints.is_dir():
+                    prune_verl_checkpoints(checkpoints, keep)
         actor = latest_actor_checkpoint(Path(plan.paths.checkpoints))
         merge_to_hf(self.cfg.verl.python, actor, model_dir, env, out / "merge.log")
         self._import_metrics(Path(plan.paths.metrics), stage.name)

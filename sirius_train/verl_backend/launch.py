@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,6 +130,25 @@ def resume_point(checkpoint_dir: Path) -> str:
     if not step.isdigit():
         return f"verl has no checkpoint in {checkpoint_dir} yet: the stage restarts from its first step"
     return f"verl resumes from {checkpoint_dir / f'global_step_{step}'} (the steps after {step} are redone)"
+
+
+def prune_verl_checkpoints(checkpoint_dir: Path, keep: int) -> list[Path]:
+    """Remove verl's checkpoints beyond the newest `keep` (0: keep all) of those it recorded; return what went.
+
+    verl's checkpoint manager counts only the saves of its own launch, so every relaunch of a stage (a preemption,
+    a requeue) would leave the previous launch's checkpoints forever. A save numbered past the recorded step
+    (`latest_checkpointed_iteration.txt`) was cut short and goes too; with no record nothing is touched."""
+    marker = checkpoint_dir / "latest_checkpointed_iteration.txt"
+    recorded = marker.read_text().strip() if marker.is_file() else ""
+    if keep <= 0 or not recorded.isdigit():
+        return []
+    saves = sorted((int(m.group(1)), path) for path in checkpoint_dir.iterdir()
+                   if path.is_dir() and (m := re.fullmatch(r"global_step_(\d+)", path.name)))
+    complete = [path for step, path in saves if step <= int(recorded)]
+    gone = [path for step, path in saves if step > int(recorded)] + complete[:-keep]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
 
 
 def latest_actor_checkpoint(checkpoint_dir: Path) -> Path:
