@@ -265,14 +265,21 @@ def _killed_mid_save(sft_dir: Path) -> Path:
     return partial
 
 
-@pytest.mark.parametrize("sig,then", [(signal.SIGTERM, None), (signal.SIGINT, None), (signal.SIGTERM, _killed_mid_save)],
-                         ids=["SIGTERM", "Ctrl-C", "SIGTERM, then killed mid-save"])
+def _written_before_records(sft_dir: Path) -> None:
+    """The checkpoint as an older version (or a plain Trainer run) wrote it: complete, with no MANIFEST.json."""
+    (sft_dir / "checkpoint-3" / "MANIFEST.json").unlink()
+
+
+@pytest.mark.parametrize("sig,then", [(signal.SIGTERM, None), (signal.SIGINT, None), (signal.SIGTERM, _killed_mid_save),
+                                      (signal.SIGTERM, _written_before_records)],
+                         ids=["SIGTERM", "Ctrl-C", "SIGTERM, then killed mid-save", "SIGTERM, written before records"])
 def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_same_weights(tmp_path, sig, then,
                                                                                          uncaught_ctrl_c, capfd):
     """SIGTERM or a first Ctrl-C mid-SFT (a real signal to this process, inside the schedule's
     `preemption_signals`): the step in progress ends, the Trainer's checkpoint is written, `Preempted` says so;
     rerunning resumes from that step and ends with the weights of an uninterrupted SFT, exactly, on CPU. A later
-    checkpoint that a kill left incomplete is passed over (and removed) with a warning."""
+    checkpoint that a kill left incomplete is passed over (and removed before training starts) with a warning; one
+    written before checkpoints had records (the Trainer's last file there) is resumed from, not removed."""
     import copy
 
     import torch
@@ -302,13 +309,22 @@ def test_a_signal_during_sft_checkpoints_the_step_and_the_rerun_ends_with_the_sa
                                                                rf"checkpoint {tmp_path}/sft/checkpoint-3 written$"):
         train_sft(interrupted, tokenizer, pairs, tmp_path / "sft", callbacks=[SignalAtStep3()], **options)
     partial = then(tmp_path / "sft") if then else None
+    seen_at_start = []
+
+    class SeeTheFolder(TrainerCallback):  # the torn save must be gone before the Trainer writes anything
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen_at_start.extend(sorted(p.name for p in (tmp_path / "sft").glob("checkpoint-*")))
+
     capfd.readouterr()
     resumed = copy.deepcopy(model)
-    figures = train_sft(resumed, tokenizer, pairs, tmp_path / "sft", **options)
+    figures = train_sft(resumed, tokenizer, pairs, tmp_path / "sft", callbacks=[SeeTheFolder()], **options)
     err = " ".join(capfd.readouterr().err.split())
     assert figures["sft_steps"] == 12 and f"resuming SFT from {tmp_path}/sft/checkpoint-3" in err, err
+    assert seen_at_start == ["checkpoint-3"]
     if partial is not None:
         assert f"warning: SFT checkpoint {partial} is damaged (no MANIFEST.json" in err and not partial.exists(), err
+    else:
+        assert "damaged" not in err, err
     for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
 

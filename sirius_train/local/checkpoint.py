@@ -83,12 +83,18 @@ def list_checkpoints(ckpt_dir: Path, pattern: str = "step_*") -> list[Path]:
     return sorted(done, key=lambda p: int(re.search(r"\d+$", p.name).group()))
 
 
-def verify_checkpoint(path: Path, hashes: bool = True) -> str | None:
+def verify_checkpoint(path: Path, hashes: bool = True, writer_last: str | None = None) -> str | None:
     """None when every file of `path` matches its manifest, else what is wrong with it (`hashes=False`: the
-    record and the sizes only -- is the save complete -- without reading the files)."""
+    record and the sizes only -- is the save complete -- without reading the files).
+
+    `writer_last`: the file the checkpoint's writer saves last (the Trainer's `trainer_state.json`). A checkpoint
+    with it and no manifest was written before manifests were (an older version, a plain Trainer run): complete,
+    not torn."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
+        if writer_last is not None and (path / writer_last).is_file():
+            return None
         return f"no {MANIFEST} (written last: the save never finished)"
     except (OSError, ValueError) as e:
         return f"unreadable {MANIFEST}: {e}"
@@ -104,10 +110,10 @@ def verify_checkpoint(path: Path, hashes: bool = True) -> str | None:
 
 
 def latest_checkpoint(ckpt_dir: Path, warn: Callable[[str], None] | None = None, pattern: str = "step_*",
-                      hashes: bool = True) -> Path | None:
+                      hashes: bool = True, writer_last: str | None = None) -> Path | None:
     """The newest checkpoint that verifies; `warn(message)` hears of each newer one passed over."""
     for path in reversed(list_checkpoints(ckpt_dir, pattern)):
-        problem = verify_checkpoint(path, hashes)
+        problem = verify_checkpoint(path, hashes, writer_last)
         if problem is None:
             return path
         if warn is not None:
@@ -115,13 +121,13 @@ def latest_checkpoint(ckpt_dir: Path, warn: Callable[[str], None] | None = None,
     return None
 
 
-def prune_checkpoints(checkpoints: list[Path], keep_last: int) -> None:
+def prune_checkpoints(checkpoints: list[Path], keep_last: int, writer_last: str | None = None) -> None:
     """Keep the newest `keep_last` *complete* checkpoints of `checkpoints` (oldest first; 0 keeps all): delete the
     complete ones before them, and anything older than the oldest one kept. A damaged checkpoint newer than that
     stays (the run rewrites it when it gets there) and is never counted, so it never displaces a good one."""
     if keep_last <= 0:
         return
-    complete = [p for p in checkpoints if verify_checkpoint(p, hashes=False) is None]
+    complete = [p for p in checkpoints if verify_checkpoint(p, hashes=False, writer_last=writer_last) is None]
     if len(complete) <= keep_last:
         return
     oldest_kept = checkpoints.index(complete[-keep_last])

@@ -236,10 +236,10 @@ def resume_point(output_dir: Path) -> str | None:
     redone and the Trainer would otherwise write into it. Rank 0 decides, before the other ranks are handed the
     spec (which names it)."""
     from sirius_train.local.checkpoint import latest_checkpoint, list_checkpoints
-    from sirius_train.local.sft_preemption import SFT_CHECKPOINTS
+    from sirius_train.local.sft_preemption import SFT_CHECKPOINTS, TRAINER_WRITES_LAST
     from sirius_train.progress import stderr
 
-    last = latest_checkpoint(output_dir, pattern=SFT_CHECKPOINTS, hashes=False,
+    last = latest_checkpoint(output_dir, pattern=SFT_CHECKPOINTS, hashes=False, writer_last=TRAINER_WRITES_LAST,
                              warn=lambda message: stderr.print(f"[yellow]warning:[/] SFT {message}: removed"))
     found = list_checkpoints(output_dir, SFT_CHECKPOINTS)
     for newer in found[found.index(last) + 1 if last else 0:]:

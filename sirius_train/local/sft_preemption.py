@@ -13,6 +13,8 @@ from sirius_train.halts import Preempted, pending
 from sirius_train.local.checkpoint import list_checkpoints, prune_checkpoints, write_manifest
 
 SFT_CHECKPOINTS = "checkpoint-*"  # the Trainer's folder names
+TRAINER_WRITES_LAST = "trainer_state.json"  # Trainer._save_checkpoint's last file: with it, a save predating
+# MANIFEST.json (an older version, a plain Trainer run) is complete
 KEEP_SFT_CHECKPOINTS = 1
 
 
@@ -29,7 +31,8 @@ class RecordCheckpoints(TrainerCallback):
         if state.is_world_process_zero:
             output_dir = Path(args.output_dir)
             write_manifest(output_dir / f"checkpoint-{state.global_step}", state.global_step, hashes=False)
-            prune_checkpoints(list_checkpoints(output_dir, SFT_CHECKPOINTS), KEEP_SFT_CHECKPOINTS)
+            prune_checkpoints(list_checkpoints(output_dir, SFT_CHECKPOINTS), KEEP_SFT_CHECKPOINTS,
+                              TRAINER_WRITES_LAST)
 
 
 class StopOnPreemption(TrainerCallback):
