@@ -162,16 +162,8 @@ def claim(cfg: RunConfig, on_change: str = REFUSE, notice=print) -> Iterator[Pat
 
 @contextmanager
 def _locked(run_dir: Path, notice) -> Iterator:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir / LOCK, "a+")
+    handle = _lock_file(run_dir)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(handle)
-            raise RunFolderBusy(f"{run_dir} is in use by {holder or 'another process'}: two runs on one folder "
-                                "would overwrite each other's checkpoints. Wait for it to finish (or stop it), or "
-                                "pick another name=") from None
         if (previous := _holder(handle)) is not None:
             notice(f"taking over the lock of {run_dir} from {previous}, which no longer holds it (it was stopped "
                    "or killed)")
@@ -186,6 +178,28 @@ def _locked(run_dir: Path, notice) -> Iterator:
                 handle.seek(0)
                 handle.truncate()  # a clean end leaves no holder to take over from
     finally:
+        handle.close()
+
+
+def _lock_file(run_dir: Path):
+    """`RUN/.lock`, open and flocked. A lock won on a file that is no longer at that path -- opened just before a
+    `--fresh` moved the folder aside, locked just after -- guards the old folder, not this run's: try again."""
+    while True:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(run_dir / LOCK, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(handle)
+            handle.close()
+            raise RunFolderBusy(f"{run_dir} is in use by {holder or 'another process'}: two runs on one folder "
+                                "would overwrite each other's checkpoints. Wait for it to finish (or stop it), or "
+                                "pick another name=") from None
+        try:
+            if os.fstat(handle.fileno()).st_ino == os.stat(run_dir / LOCK).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
         handle.close()
 
 

@@ -163,6 +163,34 @@ def test_a_second_run_on_a_busy_folder_refuses_and_a_dead_holders_lock_is_taken_
     assert len(notices) == 1
 
 
+def test_a_lock_won_on_a_folder_moved_aside_meanwhile_is_not_taken_as_the_runs(tmp_path, monkeypatch):
+    """A second run opens RUN/.lock; before it flocks, a `--fresh` run moves the folder aside (the opened file with
+    it), releases that file and locks the new RUN/.lock. The second run's flock then succeeds on the moved file: it
+    must see that file is no longer RUN/.lock, try the new one, and find it busy -- not write beside the first."""
+    import fcntl
+
+    from sirius_train import run_folder
+
+    cfg = _record(tmp_path)
+    real_flock, fresh_run = fcntl.flock, []
+
+    def flock_after_a_fresh_start_moved_the_folder(fd, operation):
+        if not fresh_run:  # the fresh run's steps, between the second run's open and its flock
+            os.replace(cfg.run_dir, cfg.run_dir.with_name("rec.replaced-1"))
+            cfg.run_dir.mkdir()
+            fresh_run.append(open(cfg.run_dir / ".lock", "a+"))
+            real_flock(fresh_run[0], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_a_fresh_start_moved_the_folder)
+    try:
+        with pytest.raises(run_folder.RunFolderBusy, match="is in use by"):
+            with run_folder.claim(cfg):
+                pass
+    finally:
+        fresh_run[0].close()
+
+
 # ------------------------------------------------------------------------------------------- the picture
 def test_an_sft_only_run_plots_its_held_out_panel_alone_without_warnings(tmp_path):
     """`sirius sft` leaves no DAPO step: training.png is the held-out panel only (no four empty panels) and
