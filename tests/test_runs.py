@@ -88,13 +88,17 @@ def test_where_and_how_fast_may_change_what_is_computed_may_not(tmp_path):
 
     cfg = _record(tmp_path)
     same = load_config(NANO, [*tiny_overrides(tmp_path, "rec"), "threads=1", "logging.plots=false",
-                              "stages.0.checkpoint_every=7", "reward.workers=2", f"data.db_root={tmp_path}/moved"])
+                              "stages.0.checkpoint_every=7", "reward.workers=2", f"data.db_root={tmp_path}/moved",
+                              "verl.keep_checkpoints=5", f"verl.checkpoint_dir={tmp_path}/ckpts"])
     assert config_changes(cfg, same) == []
     other = load_config(NANO, [*tiny_overrides(tmp_path, "rec"), "stages.1.temperature=0.5", "data.train_dbs=[library]",
-                               "rollout.multi_turn.enabled=true"])
-    assert config_changes(cfg, other) == ["data.train_dbs: ['retail'] -> ['library']",
+                               "rollout.multi_turn.enabled=true", "verl.gradient_checkpointing=false",
+                               "verl.overrides=[actor_rollout_ref.actor.optim.weight_decay=0.1]"])
+    assert sorted(config_changes(cfg, other)) == ["data.train_dbs: ['retail'] -> ['library']",
                                           "rollout.multi_turn.enabled: False -> True",
-                                          "stages.1.temperature: 1.0 -> 0.5"]
+                                          "stages.1.temperature: 1.0 -> 0.5",
+                                          "verl.gradient_checkpointing: True -> False",
+                                          "verl.overrides: [] -> ['actor_rollout_ref.actor.optim.weight_decay=0.1']"]
 
 
 def test_resume_anyway_keeps_the_old_record_and_fresh_moves_the_folder_aside(tmp_path):
