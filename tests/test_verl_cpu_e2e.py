@@ -1,10 +1,13 @@
 """The cluster path run for real on this CPU: `sirius train --backend verl` drives verl 0.9.1's own trainer (FSDP2 on
-gloo, rollouts on vLLM's CPU build, `verl.device: cpu`), on `configs/verl_cpu_smoke.yaml`.
+gloo, rollouts on vLLM's CPU build, `verl.device: cpu`).
 
 Two runs share the work of every check here (each verl launch costs a minute of start-up on 2 cores):
-- `plain`: SFT, then two stages x 2 DAPO steps, reward in-process in verl's reward workers.
-- `served`: the same stages from `plain`'s warm start, reward through `sirius reward-server` on 127.0.0.1, stopped by
-  SIGTERM after stage 1's first checkpoint and rerun with the same command (verl's resume_mode=auto).
+- `plain`: a real pretrained model, SmolLM2-135M-Instruct (`configs/smollm2_verl_cpu.yaml`: the GGUF de-quantized
+  into base/model, an SFT warm start on the local backend, the prompt format and answer extraction of
+  configs/smollm2.yaml), then one stage of 2 DAPO steps, reward in-process in verl's reward workers.
+- `served`: the nano schedule (`configs/verl_cpu_smoke.yaml`: its own SFT, two stages: the hand-over from stage 1
+  to stage 2), reward through `sirius reward-server` on 127.0.0.1, stopped by SIGTERM after stage 1's first
+  checkpoint and rerun with the same command (verl's resume_mode=auto).
 
 Run in .venv-verl-cpu: `make test-verl-cpu`. A failed weight sync hangs rather than exits, so every launch has a
 hard timeout, and each run has its own Ray temp folder (Ray's sockets) and its Ray stopped at the end.
@@ -36,8 +39,9 @@ from sirius_train.schedule import prepare_data  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.verl_cpu, pytest.mark.timeout(3600)]
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "verl_cpu_smoke.yaml"
-RUN_LIMIT_S = 1500  # one `sirius train` of the smoke config takes ~6-9 minutes here; a hung weight sync never ends
+SMOLLM2 = ROOT / "configs" / "smollm2_verl_cpu.yaml"
+NANO = ROOT / "configs" / "verl_cpu_smoke.yaml"
+RUN_LIMIT_S = 2400  # one `sirius train` takes ~6-11 minutes here (either run); a hung weight sync never ends
 
 
 def _env(ray_dir: Path) -> dict[str, str]:
@@ -46,9 +50,9 @@ def _env(ray_dir: Path) -> dict[str, str]:
     return env
 
 
-def _train(args: list[str], env: dict[str, str], log: Path, stop_when=None) -> int:
+def _train(config: Path, args: list[str], env: dict[str, str], log: Path, stop_when=None) -> int:
     """`sirius train` as a user runs it, bounded by RUN_LIMIT_S; `stop_when()` true -> SIGTERM (a preemption)."""
-    argv = [sys.executable, "-m", "sirius_train.cli", "train", str(CONFIG), *args]
+    argv = [sys.executable, "-m", "sirius_train.cli", "train", str(config), *args]
     with log.open("a") as out:
         proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -82,76 +86,69 @@ def work():
 
 
 def _plain_args(work: Path) -> list[str]:
-    # stage 2's lr x 30: one update then moves log-probs far beyond vLLM's numeric distance from the actor
+    # lr x 10: one update then moves log-probs far beyond vLLM's numeric distance from the actor
     return [f"output_dir={work}", "name=plain", f"data.db_root={work / 'dbs'}", "verl.keep_checkpoints=0",
-            "stages.1.lr=3e-3",
+            "stages.0.lr=1e-4",
             f"verl.overrides=[trainer.rollout_data_dir={work / 'rollouts'},"
             "actor_rollout_ref.rollout.calculate_log_probs=true]"]
 
 
 @pytest.fixture(scope="module")
-def plain(work):
-    """Two stages on verl from the SFT warm start, reward in-process; every checkpoint kept, rollouts dumped."""
+def plain(work, smollm2_gguf):
+    """SmolLM2: two stages on verl from the SFT warm start, reward in-process; every checkpoint kept, rollouts
+    dumped."""
     if (work / "plain" / "summary.json").is_file():
         return work / "plain"
     ray_dir = work / "r1"
     try:
-        code = _train(_plain_args(work), _env(ray_dir), work / "plain.log")
+        code = _train(SMOLLM2, _plain_args(work), _env(ray_dir), work / "plain.log")
     finally:
         stop_ray(ray_dir)
     assert code == 0, (work / "plain.log").read_text()[-6000:]
     return work / "plain"
 
 
-def test_two_stages_of_dapo_run_on_verls_trainer(plain):
+def test_smollm2_trains_a_dapo_stage_on_verls_trainer_with_the_local_backends_prompts(plain):
     summary = json.loads((plain / "summary.json").read_text())
-    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
-    for index, stage in ((1, "stage1"), (2, "stage2")):
-        stage_dir = plain / f"stage{index}"
-        steps = verl_metrics(stage_dir)
-        assert sorted(steps) == [1, 2], steps.keys()  # two DAPO steps, each logged by verl itself
-        for row in steps.values():
-            assert "actor/pg_loss" in row and "critic/score/mean" in row
-            # the entropy gate's coefficient, computed by our trainer inside verl, in verl's own metrics
-            assert {"actor/entropy_coef", "actor/entropy_gate_open", "actor/entropy_coef_next"} <= row.keys()
-        # ... and its state beside every verl checkpoint, the coefficient the next step starts from
-        for step in (1, 2):
-            gate = json.loads((stage_dir / "verl_checkpoints" / f"global_step_{step}" /
-                               "sirius_entropy_gate.json").read_text())
-            assert gate["mode"] == "adaptive" and gate["step"] == step
-            assert gate["coef"] == pytest.approx(steps[step]["actor/entropy_coef_next"])
-        assert (stage_dir / "model" / "config.json").is_file()  # the merged Hugging Face model
-    # stage 2 starts from stage 1's merged model, on a curriculum re-estimated with that model on vLLM
-    config2 = (plain / "stage2" / "verl_config.yaml").read_text()
-    assert f"path: {plain / 'stage1' / 'model'}\n" in config2
-    assert "pass rates (stage2, k=4, vLLM)" in (plain.parent / "plain.log").read_text()
-    # every stage-2 rate in the cache is keyed by stage 1's model: read back with that policy, nothing is sampled
-    cfg = load_config(CONFIG, _plain_args(plain.parent))
-    data, stage = prepare_data(cfg), cfg.stages[1]
+    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1"]
+    stage_dir = plain / "stage1"
+    steps = verl_metrics(stage_dir)
+    assert sorted(steps) == [1, 2], steps.keys()  # two DAPO steps, each logged by verl itself
+    for row in steps.values():
+        assert "actor/pg_loss" in row and "critic/score/mean" in row
+        # the entropy gate's coefficient, computed by our trainer inside verl, in verl's own metrics
+        assert {"actor/entropy_coef", "actor/entropy_gate_open", "actor/entropy_coef_next"} <= row.keys()
+    # ... and its state beside every verl checkpoint, the coefficient the next step starts from
+    for step in (1, 2):
+        gate = json.loads((stage_dir / "verl_checkpoints" / f"global_step_{step}" /
+                           "sirius_entropy_gate.json").read_text())
+        assert gate["mode"] == "adaptive" and gate["step"] == step
+        assert gate["coef"] == pytest.approx(steps[step]["actor/entropy_coef_next"])
+    assert (stage_dir / "model" / "config.json").is_file()  # the merged Hugging Face model
+    assert f"path: {plain / 'sft' / 'model'}\n" in (stage_dir / "verl_config.yaml").read_text()
+    assert "pass rates (stage1, k=4, vLLM)" in (plain.parent / "plain.log").read_text()
+    # verl's rollouts were asked exactly what the local backend asks: SmolLM2's chat template over our messages
+    from transformers import AutoTokenizer
 
-    def cached_rates(policy: Path):
-        class NothingSampled:
-            prompt_format = data.prompt_format
+    from data_synthesis.difficulty import prompt_for
+    from data_synthesis.prompts import chat_text
 
-            def sample(self, *args, **kwargs):
-                raise LookupError(f"a stage-2 rate was not estimated with {policy}")
-
-        return estimate(data.rl_pool, NothingSampled(), data.db_root, stage.estimate_k, seed=cfg.seed,
-                        cache_path=plain / "stage2" / "passrates.cache.jsonl", temperature=stage.temperature,
-                        top_p=stage.top_p, max_new_tokens=stage.max_new_tokens, compare=data.compare,
-                        policy=str(policy), prompt_format=data.prompt_format, batch_size=len(data.rl_pool))
-
-    assert len(cached_rates(plain / "stage1" / "model")) == len(data.rl_pool)
-    with pytest.raises(LookupError):  # ... and not by the warm start's
-        cached_rates(plain / "sft" / "model")
+    data = prepare_data(load_config(SMOLLM2, _plain_args(plain.parent)))
+    tokenizer = AutoTokenizer.from_pretrained(plain / "sft" / "model")
+    local = {tokenizer.decode(tokenizer(chat_text(tokenizer, prompt_for(example, data.db_root, data.prompt_format)),
+                                        add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+             for example in data.rl_pool}
+    rows = [json.loads(line) for step in (1, 2)
+            for line in (plain.parent / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+    assert rows and all(row["input"] in local for row in rows), rows[0]["input"][:500]
 
 
 def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
     """Weights change; after verl's weight sync the vLLM rollout samples from the updated actor, not the old one.
 
-    At stage 2's step 2 verl compares the log-probs vLLM sampled with (after syncing the step-1 weights) with the
-    actor's own on the same tokens (`training/rollout_probs_diff_mean`). Those rollouts are dumped, so their
-    log-probs under the weights before (stage 1's model) and after the step-1 update (the global_step_1 checkpoint)
+    At step 2 verl compares the log-probs vLLM sampled with (after syncing the step-1 weights) with the actor's own
+    on the same tokens (`training/rollout_probs_diff_mean`). Those rollouts are dumped, so their log-probs under
+    the weights before (the SFT warm start) and after the step-1 update (the global_step_1 checkpoint)
     are computed here with transformers: the update moved them by far more than vLLM differs from the actor --
     had the sync failed, vLLM would still serve the old weights and differ from the actor by that whole move."""
     import pyarrow.parquet as pq
@@ -161,10 +158,10 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
 
     from sirius_train.verl_backend.launch import latest_actor_checkpoint, merge_to_hf, verl_env
 
-    before_dir, stage_dir = plain / "stage1" / "model", plain / "stage2"
+    before_dir, stage_dir = plain / "sft" / "model", plain / "stage1"
     before, after = load_file(before_dir / "model.safetensors"), load_file(stage_dir / "model" / "model.safetensors")
     changed = [name for name in before if not torch.equal(before[name], after[name])]
-    assert len(changed) >= len(before) // 2, changed  # stage 2's two updates moved the weights
+    assert len(changed) >= len(before) // 2, changed  # the stage's two updates moved the weights
 
     step1 = stage_dir / "verl_checkpoints" / "global_step_1"
     merged = merge_to_hf(None, step1 / "actor", plain.parent / "step1_hf", verl_env(str(ROOT), None),
@@ -198,9 +195,13 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
     assert verl_metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
 
 
+def _served_args(work: Path) -> list[str]:
+    return [f"output_dir={work}", "name=served", f"data.db_root={work / 'dbs'}"]
+
+
 @pytest.fixture(scope="module")
-def served(plain, work):
-    """The same stages through the reward server, from plain's warm start, SIGTERMed once and rerun."""
+def served(work):
+    """nano's two stages through the reward server, SIGTERMed once in stage 1 and rerun."""
     if (work / "served.json").is_file():
         return {**json.loads((work / "served.json").read_text()), "run": work / "served"}
     ray_dir = work / "r2"
@@ -214,13 +215,12 @@ def served(plain, work):
             assert server.poll() is None and time.monotonic() < deadline, server_log.read_text()
             time.sleep(1)
         url = match.group(0)
-        args = [f"output_dir={work}", "name=served", f"data.db_root={work / 'dbs'}", f"reward.url={url}",
-                "reward.fallback=false", f"model.path={plain / 'sft' / 'model'}", "sft.enabled=false"]
+        args = [*_served_args(work), f"reward.url={url}", "reward.fallback=false"]
         marker = work / "served" / "stage1" / "verl_checkpoints" / "latest_checkpointed_iteration.txt"
-        first = _train(args, _env(ray_dir), work / "served.log", stop_when=marker.is_file)
+        first = _train(NANO, args, _env(ray_dir), work / "served.log", stop_when=marker.is_file)
         stop_ray(ray_dir)
         stopped_at = marker.read_text().strip() if marker.is_file() else None
-        second = _train(args, _env(ray_dir), work / "served.log")
+        second = _train(NANO, args, _env(ray_dir), work / "served.log")
         import httpx
 
         served_items = httpx.get(url + "/metrics", timeout=10).text
@@ -234,7 +234,7 @@ def served(plain, work):
     return {**found, "run": work / "served"}
 
 
-def test_sigterm_mid_stage_resumes_from_verls_checkpoint_to_the_same_step_count(served, plain):
+def test_sigterm_mid_stage_resumes_from_verls_checkpoint_to_the_same_step_count(served):
     log = " ".join(served["log"].split())
     # a preemption is a clean stop (exit code 0) that names the checkpoint verl resumes from
     assert served["first"] == 0 and served["stopped_at"] == "1", served["log"][-4000:]
@@ -247,10 +247,38 @@ def test_sigterm_mid_stage_resumes_from_verls_checkpoint_to_the_same_step_count(
                         .read_text(), flags=re.M)[1:]
     assert len(launches) == 2
     assert "global_step_1" in launches[1] and "step:2 -" in launches[1] and "step:1 -" not in launches[1]
-    for index in (1, 2):  # and every stage ends with the step count of the uninterrupted run
-        assert sorted(verl_metrics(served["run"] / f"stage{index}")) == sorted(verl_metrics(plain / f"stage{index}"))
+    # retention spans both launches (verl's manager counts only its own saves): keep_checkpoints=1 leaves step 2
+    assert [p.name for p in (served["run"] / "stage1" / "verl_checkpoints").glob("global_step_*")] == ["global_step_2"]
+    steps = {index: load_config(NANO).stages[index - 1].steps for index in (1, 2)}
+    for index in (1, 2):  # and every stage ends with the step count of an uninterrupted run
+        assert sorted(verl_metrics(served["run"] / f"stage{index}")) == list(range(1, steps[index] + 1))
     summary = json.loads((served["run"] / "summary.json").read_text())
-    assert [p["phase"] for p in summary["phases"]] == ["stage1", "stage2"]
+    assert [p["phase"] for p in summary["phases"]] == ["sft", "stage1", "stage2"]
+
+
+def test_stage_two_starts_from_stage_ones_model_on_a_curriculum_estimated_with_it(served):
+    run = served["run"]
+    assert f"path: {run / 'stage1' / 'model'}\n" in (run / "stage2" / "verl_config.yaml").read_text()
+    assert "pass rates (stage2, k=4, vLLM)" in served["log"]
+    # every stage-2 rate in the cache is keyed by stage 1's model: read back with that policy, nothing is sampled
+    cfg = load_config(NANO, _served_args(run.parent))
+    data, stage = prepare_data(cfg), cfg.stages[1]
+
+    def cached_rates(policy: Path):
+        class NothingSampled:
+            prompt_format = data.prompt_format
+
+            def sample(self, *args, **kwargs):
+                raise LookupError(f"a stage-2 rate was not estimated with {policy}")
+
+        return estimate(data.rl_pool, NothingSampled(), data.db_root, stage.estimate_k, seed=cfg.seed,
+                        cache_path=run / "stage2" / "passrates.cache.jsonl", temperature=stage.temperature,
+                        top_p=stage.top_p, max_new_tokens=stage.max_new_tokens, compare=data.compare,
+                        policy=str(policy), prompt_format=data.prompt_format, batch_size=len(data.rl_pool))
+
+    assert len(cached_rates(run / "stage1" / "model")) == len(data.rl_pool)
+    with pytest.raises(LookupError):  # ... and not by the warm start's
+        cached_rates(run / "sft" / "model")
 
 
 def test_verls_reward_workers_score_through_the_reward_server(served):
