@@ -122,11 +122,6 @@ def parse_turn(text: str) -> ParsedTurn:
     return ParsedTurn(kind, sql or None, end)
 
 
-def turn_closed(text: str) -> bool:
-    """True once `text` has closed a probe or a final answer: where generation of a turn stops."""
-    return parse_turn(text).kind is not TurnKind.NONE
-
-
 class EpisodeEnd(str, Enum):
     ANSWERED = "answered"  # a final answer: scored by the execution reward as single-turn answers are
     NO_ANSWER = "no_answer"  # the model stopped without one: a format failure

@@ -59,6 +59,9 @@ def test_the_cpu_platform_is_spelled_out_in_verls_own_keys(tmp_path):
     env = v.ray_kwargs.ray_init.runtime_env.env_vars
     assert (env.VERL_PLATFORM, env.VERL_USE_EXTERNAL_MODULES, env.VERL_ENGINE_DEVICE, env.RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER) \
         == ("cpu", "sirius_train.verl_backend.cpu_platform", "cuda", "0")
+    assert env.VLLM_CPU_KVCACHE_SPACE == "1"  # else vLLM reserves gpu_memory_utilization x all RAM for its cache
+    # one agent-loop worker and no dataloader workers: each would be another process loading torch on 2 cores
+    assert rollout.agent.num_workers == 1 and v.data.dataloader_num_workers == 0
     assert v.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
     gpu = compose_verl_config(plan_run(load_config(CONFIGS / "nano.yaml", ["backend=verl"]))[0].overrides)
     assert "VERL_PLATFORM" not in gpu.ray_kwargs.ray_init.runtime_env.env_vars and gpu.trainer.device == "cuda"
@@ -81,13 +84,31 @@ def test_what_the_cpu_platform_cannot_run_is_refused_when_the_config_loads(overr
 def test_the_cpu_platform_needs_vllms_cpu_build(tmp_path):
     """Here (the project's venv) vLLM's CPU build is absent: the backend says where to get it, before anything runs."""
     from sirius_train.verl_backend import VerlBackend
-    from sirius_train.verl_backend.cpu_platform import vllm_cpu_build
+    from sirius_train.verl_backend.cpu_platform import accelerator_visible, vllm_cpu_build
 
     if vllm_cpu_build() is not None:
         pytest.skip("vLLM's CPU build is installed here")
+    if accelerator_visible():
+        pytest.skip("an accelerator is visible: the CPU platform is refused before its vLLM build is looked for")
     cfg = load_config(CONFIGS / "verl_cpu_smoke.yaml", [f"output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"scripts/verl_cpu_venv.sh"):
         VerlBackend(cfg)
+
+
+def test_the_cpu_platform_is_refused_on_a_machine_with_a_gpu(tmp_path, monkeypatch):
+    """`verl.device: cpu` on a GPU node would train on the CPU beside idle GPUs (and patch verl's device layer in
+    every worker): refused before anything starts. torch is made to report the GPU this machine lacks."""
+    import torch
+
+    from sirius_train.verl_backend import VerlBackend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    cfg = load_config(CONFIGS / "verl_cpu_smoke.yaml", [f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"verl.device=cpu, but this machine has a CUDA GPU \(NVIDIA H200\): .*"
+                                          r"remove verl.device"):
+        VerlBackend(cfg)
+    assert not (tmp_path / cfg.name).exists()
 
 
 def test_cluster_recipes_are_what_they_say():

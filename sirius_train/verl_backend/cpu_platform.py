@@ -29,7 +29,6 @@ from types import ModuleType
 
 MODULE = __name__
 PLATFORM = "cpu"
-VLLM_RECORD_SUFFIX = "+cpu"  # vLLM's CPU platform detection looks for "cpu" in version("vllm")
 
 
 def cpu_env() -> dict[str, str]:
