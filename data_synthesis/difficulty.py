@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from data_synthesis.interaction import episode_answer
 from data_synthesis.prompts import PromptFormat
 from data_synthesis.records import Example, check_unique_ids
 from data_synthesis.samplers import Sampler
@@ -116,7 +117,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
         params["variants"] = variants
     episodes = getattr(sampler, "multi_turn", False)  # an EpisodeSampler: each prompt probes its own database
     if episodes:  # keyed apart from single-turn estimates; single-turn keys stay as they were
-        params["multi_turn"] = dataclasses.asdict(sampler.limits)
+        # "answer": read from the model's own turns (`episode_answer`); rates read off the whole text are not reused
+        params["multi_turn"] = {**dataclasses.asdict(sampler.limits), "answer": "model turns"}
     prompts = [prompt_for(e, db_root, prompt_format) for e in examples]
     keys = [_key(p, e, params) for p, e in zip(prompts, examples)]
     cache = _Cache(Path(cache_path)) if cache_path is not None else None
@@ -138,7 +140,8 @@ def estimate(examples: Sequence[Example], sampler: Sampler, db_root: str | Path,
             db_ids = {"db_ids": [examples[i].db_id for i in chunk]} if episodes else {}
             answers = sampler.sample([prompts[i] for i in chunk], k, temperature=temperature, top_p=top_p,
                                      max_new_tokens=max_new_tokens, seed=seed + start, **db_ids)
-            fresh = _score(executor, [examples[i] for i in chunk], [keys[i] for i in chunk], answers, compare)
+            fresh = _score(executor, [examples[i] for i in chunk], [keys[i] for i in chunk], answers, compare,
+                           episode_answer if episodes else extract_sql)
             new = [f for f, c in zip(fresh, cached) if c is None]
             if cache:
                 cache.append(new)
@@ -165,10 +168,11 @@ def _key(prompt: list[dict], example: Example, params: dict) -> str:
 
 
 def _score(executor: Executor, examples: list[Example], keys: list[str], answers: list[list[str]],
-           compare: str) -> list[Estimate]:
+           compare: str, read_answer=extract_sql) -> list[Estimate]:
+    """`read_answer(text)`: the SQL of one answer text (an episode's is read from the model's own turns)."""
     if len(answers) != len(examples) or any(len(a) != len(answers[0]) for a in answers):
         raise RuntimeError(f"sampler returned {[len(a) for a in answers]} answers for {len(examples)} prompts")
-    items = [ScoreItem(db_id=e.db_id, gold_sql=e.gold_sql, pred_sql=extract_sql(text), compare=compare, id=(i, j))
+    items = [ScoreItem(db_id=e.db_id, gold_sql=e.gold_sql, pred_sql=read_answer(text), compare=compare, id=(i, j))
              for i, (e, texts) in enumerate(zip(examples, answers)) for j, text in enumerate(texts)]
     scored = executor.score(items)
     out = []

@@ -122,6 +122,36 @@ def parse_turn(text: str) -> ParsedTurn:
     return ParsedTurn(kind, sql or None, end)
 
 
+def episode_answer(text: str) -> str | None:
+    """The final answer of a whole episode's text (model turns and the observations between them), read as the
+    episode loops read it: turn by turn from the model's own text, each turn ending at its first closed block, an
+    observation skipped. None when the episode ended without an answer (a turn that closed nothing, or a probe
+    with no observation after it: out of probes or tokens).
+
+    SQL inside an observation (a probe's result may print any text) is never the answer, and nothing the model
+    wrote after its first closed answer counts -- unlike `extract_sql` on the whole text, which takes the last
+    block anywhere.
+
+    >>> episode_answer("<sql>SELECT q FROM t</sql>\\n<observation>\\nok: 1 row\\nq\\n<answer>SELECT 1</answer>\\n"
+    ...                "</observation>\\nNo idea.") is None
+    True
+    >>> episode_answer("<sql>SELECT 1</sql>\\n<observation>\\nok: 1 row\\n</observation>\\n```sql\\nSELECT 2\\n```"
+    ...                " or ```sql\\nSELECT 3\\n```")
+    'SELECT 2'
+    """
+    position = 0
+    while True:
+        turn = parse_turn(text[position:])
+        if turn.kind is TurnKind.ANSWER:
+            return turn.sql
+        if turn.kind is TurnKind.NONE:
+            return None
+        observation = _OBSERVATION_SEGMENT.search(text, position + turn.end)
+        if observation is None:
+            return None
+        position = observation.end()
+
+
 class EpisodeEnd(str, Enum):
     ANSWERED = "answered"  # a final answer: scored by the execution reward as single-turn answers are
     NO_ANSWER = "no_answer"  # the model stopped without one: a format failure

@@ -43,14 +43,16 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info], **kwargs)[0]
 
 
-def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, **kwargs) -> list[dict]:
-    """`compute_score` for a whole batch (verl's `BatchRewardManager` calls it with these names)."""
+def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, *, read_answer=extract_sql,
+                        **kwargs) -> list[dict]:
+    """`compute_score` for a whole batch (verl's `BatchRewardManager` calls it with these names). `read_answer(text)`:
+    the SQL of one decoded response (`sirius_train/verl_backend/episode_reward.py` reads episodes)."""
     if extra_infos is None:
         extra_infos = [None] * len(solution_strs)
     if not len(solution_strs) == len(ground_truths) == len(extra_infos):
         raise ValueError(f"batch lengths differ: {len(solution_strs)} answers, {len(ground_truths)} gold SQL, "
                          f"{len(extra_infos)} extra_info")
-    items = [_item(answer, gold, extra, kwargs)
+    items = [_item(read_answer(answer), gold, extra, kwargs)
              for answer, gold, extra in zip(solution_strs, ground_truths, extra_infos)]
     url = kwargs.get("reward_url") or os.environ.get("SIRIUS_REWARD_URL")
     if url:
@@ -64,11 +66,11 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
     return [_verl_score(r) for r in results]
 
 
-def _item(solution_str, ground_truth, extra_info, kwargs) -> ScoreItem:
+def _item(pred_sql, ground_truth, extra_info, kwargs) -> ScoreItem:
     extra = dict(extra_info or {})
     if "db_id" not in extra:
         raise KeyError("extra_info must contain 'db_id' (write the parquet with data_synthesis.export)")
-    return ScoreItem(db_id=extra["db_id"], gold_sql=str(ground_truth), pred_sql=extract_sql(solution_str),
+    return ScoreItem(db_id=extra["db_id"], gold_sql=str(ground_truth), pred_sql=pred_sql,
                      compare=extra.get("compare") or kwargs.get("compare") or "bird")
 
 

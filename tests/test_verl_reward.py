@@ -115,3 +115,35 @@ def test_verl_loads_it_from_its_config_and_calls_it(server):
             got = fn(data_sources=["sirius"] * len(CASES), solution_strs=[a for a, _, _ in CASES],
                      ground_truths=[GOLD] * len(CASES), extra_infos=[_extra(c) for _, c, _ in CASES])
             assert got == [e for _, _, e in CASES]
+
+
+OBSERVED = ("<sql>SELECT note FROM notes</sql>\n<observation>\nok: 1 row\nnote\n<answer>" + GOLD + "</answer>\n"
+            "</observation>\nI cannot tell.")  # a probe's result prints the gold SQL; the model never answers
+EPISODES = [  # (episode text, the local rule's reward): read from the model's own turns only
+    (OBSERVED, {"score": -1.0, "acc": 0.0}),
+    (f"<sql>SELECT 1</sql>\n<observation>\nok: 1 row\n1\n</observation>\n```sql\n{GOLD}\n```",
+     {"score": 1.0, "acc": 1.0}),
+    (f"```sql\nSELECT nope FROM customers\n``` then ```sql\n{GOLD}\n```", {"score": 0.0, "acc": 0.0}),  # first block
+    ("<sql>SELECT 1</sql>", {"score": -1.0, "acc": 0.0}),  # a probe with no observation: out of probes
+]
+
+
+def test_a_multi_turn_stage_reads_the_answer_from_the_models_turns_not_the_observations(server):
+    """verl decodes the whole episode, observations included. Its multi-turn reward (the file the verl backend
+    names for a multi-turn stage, loaded the way verl loads it) scores each episode as the local rule does: SQL that
+    a probe's result prints is no answer (the single-turn reward takes it as one: a channel a policy could learn)."""
+    reward = import_verl("verl.trainer.ppo.reward")
+    from omegaconf import OmegaConf
+
+    from sirius_train.config import load_config
+    from sirius_train.verl_backend.backend import reward_function
+
+    root = Path(__file__).resolve().parents[1]
+    path = reward_function(load_config(root / "configs" / "nano_multiturn.yaml", ["backend=verl"]))
+    assert path.name == "episode_reward.py" and reward_function(load_config(root / "configs" / "nano.yaml")) == \
+        Path(verl_reward.__file__).resolve()
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": str(path), "name": "compute_score", "reward_kwargs": {"reward_url": server.url}}}})
+    fn = reward.get_custom_reward_fn(config)
+    assert [fn("sirius", text, GOLD, _extra(None)) for text, _ in EPISODES] == [want for _, want in EPISODES]
+    assert compute_score("sirius", OBSERVED, GOLD, _extra(None), reward_url=server.url)["acc"] == 1.0

@@ -59,6 +59,14 @@ class StagePlan:
         return shlex.join(self.argv)
 
 
+def reward_function(cfg: RunConfig) -> Path:
+    """The file verl loads `compute_score` from: the execution reward, which reads a multi-turn episode's answer
+    from the model's own turns (`verl_backend/episode_reward.py`) as the local backend does."""
+    if cfg.rollout.multi_turn.enabled:
+        return PROJECT_ROOT / "sirius_train" / "verl_backend" / "episode_reward.py"
+    return PROJECT_ROOT / "rewards" / "verl_reward.py"
+
+
 def verl_checkpoint_root(cfg: RunConfig) -> Path:
     """This run's folder under `verl.checkpoint_dir`: its name and its run id (`run_folder.run_id`; "new" before
     the run folder is first claimed, as in a dry run), so verl (resume_mode=auto) only ever resumes its own."""
@@ -72,7 +80,7 @@ def plan_stage(cfg: RunConfig, index: int, stage: StageConfig, curriculum: Path,
                    else stage_dir / "verl_checkpoints")
     paths = StagePaths(
         train_files=str(curriculum.resolve()), val_files=str(eval_parquet.resolve()), model=str(init.resolve()),
-        checkpoints=str(checkpoints.resolve()), reward_fn=str(PROJECT_ROOT / "rewards" / "verl_reward.py"),
+        checkpoints=str(checkpoints.resolve()), reward_fn=str(reward_function(cfg)),
         db_root=str(Path(cfg.data.db_root).resolve()),
         pythonpath=prepend_path(str(PROJECT_ROOT), os.environ.get("PYTHONPATH")),
         metrics=str((stage_dir / "verl_metrics.jsonl").resolve()),
@@ -154,7 +162,7 @@ class VerlBackend:
     def evaluate(self, model: Path, data, stage: str) -> dict:
         """Greedy answers to the held-out set through the same vLLM engines, scored like the reward; episodes in a
         multi-turn run, with the local backend's `eval_turns_mean` and `eval_probe_share`."""
-        from data_synthesis.interaction import observation_spans
+        from data_synthesis.interaction import episode_answer, observation_spans
         from data_synthesis.ray_sampler import estimate_calls
         from sirius_train.local.evaluate import score_answers
         from sirius_train.progress import progress_bar
@@ -171,7 +179,8 @@ class VerlBackend:
             for prompts, n, options in calls:
                 texts += [answers[0] for answers in sampler.sample(prompts, n, **options)]
                 advance(len(prompts))
-        figures = score_answers(items, texts, self.local.eval_executor, compare=data.compare)
+        preds = [episode_answer(t) for t in texts] if sampler.multi_turn else None  # the model's turns only
+        figures = score_answers(items, texts, self.local.eval_executor, compare=data.compare, preds=preds)
         if sampler.multi_turn:  # probes run = observations in the episode
             probes = [len(observation_spans(t)) for t in texts]
             figures.update({"eval_turns_mean": sum(probes) / len(probes),
