@@ -57,6 +57,7 @@ OnResult = Callable[[int, object], None]
 POLL_S = 0.05  # how often an idle wait checks the backstop
 STARTUP_TIMEOUT_S = 60.0
 MAX_ATTEMPTS = 2  # re-sends of a chunk whose worker stalled before starting any item of it
+DIED_ONCE = MAX_ATTEMPTS + 1  # the attempt mark of an item re-run alone on a fresh worker after its worker died
 PIPELINE_DEPTH = 2  # chunks in a worker's pipe at once: it starts the next while the parent reads results
 PIPELINE_MAX_BYTES = 16 << 10  # only this small a message may wait in the pipe (two always fit its 64 KiB)
 
@@ -446,7 +447,7 @@ class Executor:
                 seq, batch = worker.inbox.recv()
             except (EOFError, OSError):
                 self._recover(slot, sent, Status.ERROR,
-                              f"worker process died (exit code {worker.proc.wait()}) while running it")
+                              f"worker process died (exit code {worker.proc.wait()}) while running it", died=True)
                 return True
             chunk = next(c for c in sent if c.seq == seq)  # the worker answers only chunks it was sent
             chunk.answer(batch)
@@ -460,19 +461,28 @@ class Executor:
             self._recover(slot, sent, Status.TIMEOUT, f"killed by the executor backstop after {elapsed:.1f}s")
         elif worker.proc.poll() is not None:
             self._recover(slot, sent, Status.ERROR,
-                          f"worker process died (exit code {worker.proc.returncode}) while running it")
+                          f"worker process died (exit code {worker.proc.returncode}) while running it", died=True)
         elif running is None and time.monotonic() - progress_at > self._budget(sent[0].kind):
             self._recover(slot, sent, Status.ERROR, "worker stopped responding before running it")
         else:
             return False
         return True
 
-    def _recover(self, slot: int, sent: deque, status: Status, message: str) -> None:
-        """Replace the worker. The item it was running gets `status`; the rest of its chunks go back in the queue."""
+    def _recover(self, slot: int, sent: deque, status: Status, message: str, died: bool = False) -> None:
+        """Replace the worker. The item it was running gets `status`; the rest of its chunks go back in the queue.
+
+        `died`: the worker process was killed under the item (the OOM killer, an operator), which need not be the
+        item's doing: it runs once more, alone, on a fresh worker, so a right answer is not scored as an error in
+        its rollout group; only an item under which a worker dies twice is typed as the death."""
         worker = self._workers[slot]
         seq, index, _ = STATE.unpack_from(worker.state, 0)
         culprit = next((c for c in sent if c.seq == seq and index >= 0 and not c.answered[index]), None)
-        if culprit is not None:
+        retry = None
+        if culprit is not None and died and culprit.attempt != DIED_ONCE:
+            culprit.answered[index] = True  # out of this chunk: answered by its run alone
+            culprit.remaining -= 1
+            retry = (culprit.job, culprit.kind, [culprit.entries[index]], DIED_ONCE)
+        elif culprit is not None:
             culprit.answer([(index, self._failed(culprit.kind, message, status))])
         self._replace(slot)
         for k, chunk in enumerate(sent):
@@ -483,6 +493,8 @@ class Executor:
                 chunk.job.set([(at, failed) for at, _ in rest])
             elif rest:
                 self._queue.put((chunk.job, chunk.kind, rest, chunk.attempt + stalled))
+        if retry is not None:
+            self._queue.put(retry)
         sent.clear()
 
     def _spawn(self) -> _WorkerProcess:

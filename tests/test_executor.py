@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 from hostile_sql import HOSTILE
+from worker_kill import running_worker_pid
 
 from rewards.executor import Executor
 from rewards.outcome import Status
@@ -25,13 +26,6 @@ def _items(n: int) -> list[ScoreItem]:
     preds = [GOLD, "SELECT count(*), city FROM customers GROUP BY city", "SELECT city FROM customers",
              "SELECT nope FROM customers", None, "DELETE FROM customers"]
     return [ScoreItem("retail", GOLD, preds[i % len(preds)], "spider", id=i) for i in range(n)]
-
-
-def w_seq(worker) -> int:
-    """The chunk a worker is on, read from its state record (test helper)."""
-    from rewards._worker import STATE
-
-    return STATE.unpack_from(worker.state, 0)[0]
 
 
 def _children() -> set[int]:
@@ -66,25 +60,31 @@ def test_unknown_database_scores_as_typed_errors(demo_db_root):
     assert "unknown db_id 'atlantis'" in result.pred_error and result.pred_error == result.gold_error
 
 
-def test_worker_killed_mid_query_is_replaced_and_nothing_is_lost(demo_db_root):
+@pytest.mark.parametrize("kills", [1, 2])
+def test_worker_killed_mid_query_is_replaced_and_nothing_is_lost(demo_db_root, kills):
+    """A worker SIGKILLed under an item (the OOM killer, say) is replaced and the rest of its work re-queued. The item
+    itself runs once more, alone, on a fresh worker -- the kill need not be its doing, and a right answer typed as an
+    error would score 0 in its rollout group; here the endless query then meets its own deadline. An item under
+    which a worker dies twice is typed as the death."""
     before = _children()
     with Executor(demo_db_root, workers=2, limits=Limits(timeout_s=4.0), chunk_size=4) as ex:
-        victim_pids = [w.proc.pid for w in ex._workers]
         queries = [("retail", ENDLESS)] + [("retail", "SELECT count(*) FROM orders")] * 40
         results: list = []
         thread = threading.Thread(target=lambda: results.extend(ex.execute_many(queries)))
         thread.start()
-        time.sleep(1.0)  # the endless query is running in one of the workers
-        for pid in victim_pids:
-            running = [w for w in ex._workers if w.proc.pid == pid and w.running(w_seq(w))[0] >= 0]
-            if running:
-                os.kill(pid, signal.SIGKILL)
-        thread.join(timeout=20)
+        killed: list[int] = []
+        for _ in range(kills):  # each time the endless query has run 1 s in some worker
+            killed.append(running_worker_pid(ex, min_elapsed_s=1.0, exclude=killed))
+            os.kill(killed[-1], signal.SIGKILL)
+        thread.join(timeout=30)
         assert not thread.is_alive(), "a caller hung after a worker was killed"
         assert len(results) == len(queries)
-        assert results[0].status is Status.ERROR and "worker process died" in results[0].error
+        if kills == 1:
+            assert results[0].status is Status.TIMEOUT, results[0]
+        else:
+            assert results[0].status is Status.ERROR and "worker process died" in results[0].error
         assert all(r.status is Status.OK and r.rows == ((1500,),) for r in results[1:])
-        assert ex.stats()["restarts"] == 1
+        assert ex.stats()["restarts"] == kills
         assert ex.execute("retail", "SELECT 1").rows == ((1,),)  # the replacement works
     assert _children() == before, "worker processes leaked"
 
