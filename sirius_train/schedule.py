@@ -42,8 +42,9 @@ class Backend(Protocol):
         """Supervised warm start from `init`; returns the new checkpoint and its figures."""
 
     def pass_rates(self, examples: list[Example], model: Path, stage: StageConfig, data: RunData, out: Path
-                   ) -> tuple[dict[str, float], object]:
-        """Pass rates of `examples` under `model` (and the sampler used, for gap filling)."""
+                   ) -> tuple[dict[str, float], object, dict]:
+        """Pass rates of `examples` under `model`, with the sampler and the estimation options used (all but the
+        cache, seed and progress): gap filling rates its new examples with exactly these, so they are comparable."""
 
     def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data: RunData, out: Path
                     ) -> Path:
@@ -294,17 +295,14 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         stage_dir = run_dir / f"stage{index}"
         if (info := _done(stage_dir)) is None:
             t0 = time.monotonic()
-            rates, sampler = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
+            rates, sampler, options = backend.pass_rates(data.rl_pool, model, stage, data, stage_dir)
             smoothing = stage_smoothing(stage)
             if stage.curriculum == "uniform":  # ablation: no smoothing, no gap filling
                 curriculum = uniform_curriculum(data.rl_pool, rates, stage.budget, seed=cfg.seed + index,
                                                 drop_empty_gold=stage.drop_empty_gold)
             else:
-                filler = MutationFiller(
-                    data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
-                    cache_path=stage_dir / "fill.cache.jsonl", temperature=stage.temperature, top_p=stage.top_p,
-                    max_new_tokens=stage.max_new_tokens, compare=data.compare, prompt_format=data.prompt_format,
-                    policy=str(model)) if stage.fill_bins else None
+                filler = MutationFiller(data.db_root, sampler, stage.estimate_k, seed=cfg.seed + index,
+                                        cache_path=stage_dir / "fill.cache.jsonl", **options) if stage.fill_bins else None
                 curriculum = build_curriculum(data.rl_pool, rates, stage.budget, config=smoothing,
                                               seed=cfg.seed + index, filler=filler,
                                               drop_empty_gold=stage.drop_empty_gold)

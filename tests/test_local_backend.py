@@ -517,3 +517,36 @@ def test_a_warm_start_too_weak_for_any_gradient_says_so_and_records_the_skip(tmp
         assert phase["model"] == summary["phases"][0]["model"] == str(tmp_path / "runs" / "cold" / "base" / "model")
     assert "so DAPO has no gradient to follow; the stage is skipped (no training launched)" in err
     assert "A longer warm start (sft.epochs)" in err
+
+
+def test_gap_filling_rates_new_examples_with_the_reward_and_settings_that_rated_the_pool(tiny_run, tmp_path):
+    """The curriculum's filled bins must be rated as the pool was: the same variants, deadline, batch size and
+    sampling (the schedule hands the filler exactly the options `pass_rates` used). The filler, asked about the
+    pool's own examples, finds every rate in the pool's cache: nothing is sampled again."""
+    from data_synthesis.curriculum import MutationFiller
+    from data_synthesis.difficulty import estimate_pass_rates
+    from sirius_train.local.backend import LocalBackend
+    from sirius_train.schedule import prepare_data
+
+    _, _, finished = tiny_run
+    cfg = load_config(NANO, [*tiny_overrides(finished.parent.parent), "reward.variants=1", "reward.timeout_s=1.5"])
+    data, stage = prepare_data(cfg), cfg.stages[0]
+    examples = data.rl_pool[:4]
+    backend = LocalBackend(cfg)
+    try:
+        rates, sampler, options = backend.pass_rates(examples, finished / "sft" / "model", stage, data, tmp_path)
+    finally:
+        backend.close()
+    assert options["variants"] == 1 and options["timeout_s"] == 1.5
+    assert options["batch_size"] == max(1, stage.gen_batch_size // stage.estimate_k)
+    filler = MutationFiller(data.db_root, sampler, stage.estimate_k, seed=cfg.seed + 1, **options)
+
+    class NothingSampled:
+        prompt_format, multi_turn = data.prompt_format, False
+
+        def sample(self, *args, **kwargs):
+            raise AssertionError("the filler's rates are keyed apart from the pool's")
+
+    again = estimate_pass_rates(examples, NothingSampled(), data.db_root, filler.k, seed=cfg.seed,
+                                cache_path=tmp_path / "passrates.cache.jsonl", **filler.estimate_options)
+    assert again == rates

@@ -59,6 +59,19 @@ def test_a_merged_stage_is_not_trained_again(backend, tmp_path):
     assert backend.train_stage(1, stage, tmp_path / "missing.parquet", tmp_path / "init", None, model.parent) == model
 
 
+def test_a_stage_merged_before_the_run_died_still_brings_its_step_metrics_in_once(backend, tmp_path):
+    """Merged, then killed before its done marker: the rerun takes the merged model and imports verl's step metrics
+    that the dead run never did (the plot would lack the stage); a second rerun imports nothing twice."""
+    stage_dir = tmp_path / "stage1"
+    (stage_dir / "model").mkdir(parents=True)
+    (stage_dir / "model" / "config.json").write_text("{}")
+    _verl_rows(stage_dir / "verl_metrics.jsonl", {1: 0.9, 2: 0.8})
+    for _ in range(2):
+        backend.train_stage(1, backend.cfg.stages[0], tmp_path / "missing.parquet", tmp_path / "init", None, stage_dir)
+    rows = [json.loads(line) for line in (backend.cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["step"], r["actor/entropy"]) for r in rows] == [("stage1", 1, 0.9), ("stage1", 2, 0.8)]
+
+
 def test_the_models_kept_between_phases_leave_the_gpu_before_verl_starts(backend, tmp_path):
     from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
 

@@ -56,7 +56,7 @@ def test_a_verl_multi_turn_run_estimates_and_evaluates_in_episodes(backend, demo
                 for i, question in enumerate(["How many customers live in Paris?", "Count the Parisians."])]
     data = RunData(demo_db_root, [], examples, examples, prompt_format(cfg), "bird")
     model = Path(cfg.model.path)
-    rates, sampler = backend.pass_rates(examples, model, cfg.stages[0], data, tmp_path / "stage1")
+    rates, sampler, _ = backend.pass_rates(examples, model, cfg.stages[0], data, tmp_path / "stage1")
     assert rates == {"q0": 1.0, "q1": 1.0}  # probe, observation, right answer: every one of k episodes
     assert sampler.multi_turn and sampler.stats["on_demand"] == 0  # the announced calls carried the db_ids
     keys = [json.loads(line)["key"] for line in (tmp_path / "stage1" / "passrates.cache.jsonl").read_text().splitlines()]

@@ -193,14 +193,15 @@ class LocalBackend:
         if self.multi_turn is not None:  # in episodes: the format the stage trains (and SFT taught) in
             sampler = EpisodeSampler(sampler, self.multi_turn[0], data.db_root)
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k})", len(examples)) as advance:
+            options = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens,
+                       "batch_size": max(1, stage.gen_batch_size // stage.estimate_k), "compare": data.compare,
+                       "timeout_s": self.cfg.reward.timeout_s, "policy": str(model_path),
+                       "variants": self.cfg.reward.variants, "prompt_format": data.prompt_format}
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
-                temperature=stage.temperature, top_p=stage.top_p, max_new_tokens=stage.max_new_tokens,
-                seed=self.cfg.seed, batch_size=max(1, stage.gen_batch_size // stage.estimate_k), compare=data.compare,
-                timeout_s=self.cfg.reward.timeout_s, policy=str(model_path), variants=self.cfg.reward.variants,
-                progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"),
-                prompt_format=data.prompt_format)
-        return rates, sampler
+                seed=self.cfg.seed, **options,
+                progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"))
+        return rates, sampler, options
 
     def train_stage(self, index: int, stage: StageConfig, curriculum: Path, init: Path, data, out: Path) -> Path:
         from sirius_train.progress import progress_bar

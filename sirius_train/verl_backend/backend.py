@@ -152,12 +152,14 @@ class VerlBackend:
         sampler.expect(estimate_calls(prompts, stage.estimate_k, batch_size=per_call, seed=self.cfg.seed,
                                       db_ids=db_ids, **sampling))
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k}, vLLM)", len(examples)) as advance:
+            options = {"batch_size": per_call, "compare": data.compare, "timeout_s": self.cfg.reward.timeout_s,
+                       "variants": self.cfg.reward.variants, "policy": str(model), "prompt_format": data.prompt_format,
+                       **sampling}
             rates = estimate_pass_rates(
                 examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
-                seed=self.cfg.seed, batch_size=per_call, compare=data.compare, timeout_s=self.cfg.reward.timeout_s,
-                variants=self.cfg.reward.variants, policy=str(model), prompt_format=data.prompt_format, **sampling,
+                seed=self.cfg.seed, **options,
                 progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"))
-        return rates, sampler
+        return rates, sampler, options
 
     def evaluate(self, model: Path, data, stage: str) -> dict:
         """Greedy answers to the held-out set through the same vLLM engines, scored like the reward; episodes in a
@@ -197,7 +199,9 @@ class VerlBackend:
         from sirius_train.verl_backend.compose import compose_verl_config
 
         model_dir = out / "model"
-        if (model_dir / "config.json").is_file():  # merged before an interruption
+        if (model_dir / "config.json").is_file():  # merged before an interruption, maybe before its metrics came in
+            if not any(r.get("stage") == stage.name and r.get("backend") == "verl" for r in self.local.metrics.rows()):
+                self._import_metrics(out / "verl_metrics.jsonl", stage.name)
             return model_dir
         _check_rows(curriculum, stage)
         eval_parquet = eval_parquet_path(self.cfg)
