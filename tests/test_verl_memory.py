@@ -171,8 +171,21 @@ def test_shipped_cluster_configs_fit_an_80_gb_gpu_at_every_phase():
         cfg = load_config(f"configs/{name}")
         for stage in cfg.stages:
             plans = [*stage_plans(shape, stage_layout(cfg, stage, 80)),
-                     estimation_plan(cfg, stage.max_new_tokens, shape, 80)]
+                     estimation_plan(cfg, shape, 80)]
             assert [p.fits for p in plans] == [True, True, True], [(p.phase, p.note) for p in plans]
+
+
+def test_the_preflight_sizes_the_engines_at_the_context_the_backend_starts_them_with():
+    """Multi-turn: observations count in the response, so the pass-rate engines start with a longer context than
+    prompt + max_new_tokens; `sirius doctor` / --dry-run size them at that same length (one function), not shorter."""
+    from sirius_train.verl_backend.plans import stage_memory
+    from sirius_train.verl_backend.translate import engine_context_length
+
+    cfg = load_config("configs/sirius32b.yaml", ["rollout.multi_turn.enabled=true"])
+    length = engine_context_length(cfg)
+    assert length > cfg.verl.max_prompt_length + max(s.max_new_tokens for s in cfg.stages)
+    for _, plans in stage_memory(cfg, QWEN25_32B, 80):
+        assert plans[0].phase == "pass rates + eval (vLLM)" and f"sequences of {length} tokens" in plans[0].note
 
 
 def test_checkpoint_and_disk_plan():

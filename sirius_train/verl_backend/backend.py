@@ -40,7 +40,7 @@ from sirius_train.verl_backend.plans import (
     require_fit,
     require_positions,
 )
-from sirius_train.verl_backend.translate import StagePaths, response_tokens, stage_overrides, tool_config
+from sirius_train.verl_backend.translate import StagePaths, engine_context_length, stage_overrides, tool_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -260,13 +260,11 @@ class VerlBackend:
             return self._engines[1]
         self._close_engines()
         self._free_gpu()
-        longest = max(response_tokens(self.cfg, s) for s in self.cfg.stages)  # observations included
         require_positions(self.cfg, model)
         self._require_fit(model, f"{phase}: vLLM pass rates / evaluation",
-                          lambda shape, gib: [estimation_plan(self.cfg, longest, shape, gib)])
+                          lambda shape, gib: [estimation_plan(self.cfg, shape, gib)])
         limits = self.local.multi_turn[0] if self.local.multi_turn else None
-        self._engines = (str(model), start_engines(self.cfg, model, self.cfg.verl.max_prompt_length + longest,
-                                                   limits))
+        self._engines = (str(model), start_engines(self.cfg, model, engine_context_length(self.cfg), limits))
         return self._engines[1]
 
     def _close_engines(self) -> None:

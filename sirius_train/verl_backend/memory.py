@@ -223,9 +223,11 @@ def stage_layout(cfg, stage, gpu_gib: float) -> Layout:
                   enforce_eager=v.enforce_eager)
 
 
-def estimation_plan(cfg, max_new_tokens: int, shape: ModelShape, gpu_gib: float) -> PhasePlan:
+def estimation_plan(cfg, shape: ModelShape, gpu_gib: float) -> PhasePlan:
     """Pass rates and evaluation on the verl backend: vLLM engines of `rollout_tp` GPUs, nothing else on them."""
+    from sirius_train.verl_backend.translate import engine_context_length
+
     v = cfg.verl
     return vllm_plan("pass rates + eval (vLLM)", shape, tp=v.rollout_tp, utilization=v.estimate_gpu_memory_utilization,
-                     gpu_gib=gpu_gib, max_model_len=v.max_prompt_length + max_new_tokens,
+                     gpu_gib=gpu_gib, max_model_len=engine_context_length(cfg),
                      max_num_batched_tokens=v.max_num_batched_tokens, enforce_eager=v.enforce_eager)

@@ -117,8 +117,7 @@ def require_positions(cfg: RunConfig, model_path: str | Path | None = None) -> N
 
 def stage_memory(cfg: RunConfig, shape: ModelShape, gpu_gib: float) -> list[tuple[str, list[PhasePlan]]]:
     """Per stage: pass rates + eval (vLLM), rollout (vLLM in verl), update (FSDP)."""
-    longest = max(s.max_new_tokens for s in cfg.stages)  # the engines serve every stage at this length
-    return [(stage.name, [estimation_plan(cfg, longest, shape, gpu_gib),
+    return [(stage.name, [estimation_plan(cfg, shape, gpu_gib),
                           *stage_plans(shape, stage_layout(cfg, stage, gpu_gib))]) for stage in cfg.stages]
 
 

@@ -266,6 +266,12 @@ def response_tokens(cfg: RunConfig, stage: StageConfig) -> int:
     return stage.max_new_tokens + (mt.max_turns * observation_tokens(mt) if mt.enabled else 0)
 
 
+def engine_context_length(cfg: RunConfig) -> int:
+    """The context the pass-rate / evaluation engines start with: the prompt and the longest stage's response
+    (observations included). One value for the backend that starts them and the preflight that sizes them."""
+    return cfg.verl.max_prompt_length + max(response_tokens(cfg, s) for s in cfg.stages)
+
+
 def observation_tokens(mt) -> int:
     """Tokens reserved per observation: one per character of the longest one, with `observation_segment`'s two
     newlines. Text that tokenizes to more (non-ASCII values under a byte-level tokenizer: up to 4 tokens a
