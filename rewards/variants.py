@@ -646,8 +646,10 @@ def _locked(path: Path):
 class VariantCache:
     """Variants on disk: `<root>/<name>-<fingerprint>/<name>.v<j>.sqlite`, built once, shared by every process.
 
-    The fingerprint covers the original's resolved path, size and modification time, the seed and the
-    builder's version: a changed database or builder gets new variants, never stale ones.
+    The fingerprint covers the original's resolved path, inode, size, modification and change times, the seed and
+    the builder's version: a changed database or builder gets new variants, never stale ones. The change time
+    (set by the kernel on every write, copy or unpack onto the file) is what a copy with kept times (`cp -p`,
+    `rsync -a`, another release unpacked) cannot keep; size and mtime alone it keeps.
     """
 
     def __init__(self, root: str | Path | None = None, seed: int = 0):
@@ -657,7 +659,8 @@ class VariantCache:
     def folder(self, db_path: Path) -> Path:
         db_path = Path(db_path).resolve()
         stat = db_path.stat()
-        key = f"{db_path}\0{stat.st_size}\0{stat.st_mtime_ns}\0{self.seed}\0{BUILDER_VERSION}"
+        key = (f"{db_path}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{self.seed}"
+               f"\0{BUILDER_VERSION}")
         return self.root / f"{db_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
     def paths(self, db_path: str | Path, k: int) -> list[Path]:

@@ -60,6 +60,31 @@ def _school(root: Path) -> Path:
     return path
 
 
+def test_a_database_replaced_with_its_size_and_mtime_kept_gets_new_variants(tmp_path):
+    """`cp -p` / `rsync -a` of another release keeps size and mtime: variants of the old rows would judge the new
+    database. The fingerprint's inode and change time (which no copy keeps) tell them apart."""
+    import os
+    import shutil
+
+    def database(path: Path, value: int) -> Path:
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER)")
+            conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, value) for i in range(20)])
+        conn.close()
+        return path
+
+    original, release = database(tmp_path / "school.sqlite", 1), database(tmp_path / "release.sqlite", 2)
+    assert original.stat().st_size == release.stat().st_size
+    cache = VariantCache(tmp_path / "cache")
+    before = cache.folder(original)
+    assert cache.folder(original) == before  # unchanged: the same variants
+    kept = original.stat()
+    shutil.copyfile(release, original)
+    os.utime(original, ns=(kept.st_atime_ns, kept.st_mtime_ns))  # what cp -p keeps
+    assert (original.stat().st_size, original.stat().st_mtime_ns) == (kept.st_size, kept.st_mtime_ns)
+    assert cache.folder(original) != before
+
+
 # ---------------------------------------------------------------------------------------------- the builder
 def test_variants_keep_schema_keys_foreign_keys_and_null_free_columns(spider_root, tmp_path):
     cache = VariantCache(tmp_path / "cache")
