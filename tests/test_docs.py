@@ -342,6 +342,7 @@ def test_model_free_run_blocks_run_as_pasted_beside_the_demo_databases(tmp_path)
 
     root = tmp_path / "clone"
     build_demo_dbs(root / "demo_data" / "dbs")
+    (root / "configs").symlink_to(ROOT / "configs")  # the shipped configs, as in a clone
     ran = run_blocks([b for b in BLOCKS if b.run and not needs_the_demo_run(b)], root, tmp_path)
     assert len(ran) >= 3, ran
 
