@@ -30,6 +30,8 @@ Probe = Callable[[int, "str | None"], str]  # (prompt index, probe SQL) -> obser
 class TokenEngine(Protocol):
     tokenizer: object
     max_model_len: int
+    # optional `end_token_ids`: every token id the engine stops on besides `tokenizer.eos_token_id` (vLLM stops on
+    # each EOS id of the model's generation_config: Qwen2.5's <|endoftext|> beside <|im_end|>)
 
     def continue_ids(self, contexts: list[list[int]], *, max_tokens: list[int], seeds: list[int | None],
                      temperature: float, top_p: float, stop: list[str]) -> list[list[int]]:
@@ -65,6 +67,7 @@ def run_episodes(engine: TokenEngine, prompts: list[list[dict]], probe: Probe, l
     """`n` episodes per prompt (rows i*n .. i*n+n-1 belong to prompt i); the prompts gain the probe instructions.
     `max_new_tokens` bounds each episode's sampled tokens, observations aside; the model's positions bound it all."""
     tokenizer = engine.tokenizer
+    ends = {tokenizer.eos_token_id, *getattr(engine, "end_token_ids", ())}
     ids = [tokenizer(chat_text(tokenizer, with_probe_instructions(p, limits)), add_special_tokens=False)["input_ids"]
            for p in prompts]
     episodes = [Episode(r, r // n, list(ids[r // n]), len(ids[r // n])) for r in range(len(prompts) * n)]
@@ -78,7 +81,7 @@ def run_episodes(engine: TokenEngine, prompts: list[list[dict]], probe: Probe, l
         new = engine.continue_ids([e.context for e in live], max_tokens=budget, seeds=seeds,
                                   temperature=temperature, top_p=top_p, stop=[PROBE_CLOSE])
         for e, tokens in zip(live, new):
-            _after_turn(e, tokens, tokenizer, probe, limits, max_new_tokens, engine.max_model_len)
+            _after_turn(e, tokens, tokenizer, probe, limits, max_new_tokens, engine.max_model_len, ends)
         turn += 1
     return episodes
 
@@ -99,9 +102,10 @@ def _turn_seed(seed: int | None, row: int, n: int, turn: int, limits: ProbeLimit
 
 
 def _after_turn(e: Episode, tokens: list[int], tokenizer, probe: Probe, limits: ProbeLimits, max_new_tokens: int,
-                max_positions: int) -> None:
+                max_positions: int, ends: set[int]) -> None:
     """Take the engine's tokens up to where the turn closed its first block; end the episode, or run its probe and
-    append the observation, or (nothing closed yet, budget left) let the turn go on next round."""
+    append the observation, or (nothing closed yet, budget left) let the turn go on next round. A turn that stopped
+    on one of the model's end tokens (`ends`) is over, whichever of them it was."""
     def turn_text(k: int) -> str:
         return tokenizer.decode(e.response[e.turn_start:] + tokens[:k], skip_special_tokens=True)
 
@@ -114,7 +118,7 @@ def _after_turn(e: Episode, tokens: list[int], tokenizer, probe: Probe, limits: 
     e.context += tokens
     e.is_model += [1] * len(tokens)
     out_of_tokens = _left(e, max_new_tokens, max_positions) <= 0
-    ended_by_eos = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+    ended_by_eos = bool(tokens) and tokens[-1] in ends
     turn = parse_turn(turn_text(0))
     if turn.kind is TurnKind.NONE and not (ended_by_eos or out_of_tokens or not tokens):
         return  # stopped at a `</sql>` that closed nothing: the turn goes on

@@ -13,6 +13,7 @@ sampler is built, and its absence is a `MissingExtra` error (`data_synthesis.ext
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class VLLMSampler:
                             **engine_options)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
+        self.end_token_ids = generation_end_ids(path)  # vLLM stops on each of them, not only the tokenizer's eos
 
     def sample(self, prompts, n, *, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=None):
         """n answers per prompt. A prompt longer than the engine's context (`max_model_len`) gets n empty answers
@@ -88,3 +90,12 @@ class VLLMSampler:
         for i, out in zip(asked, outputs):
             new[i] = list(out.outputs[0].token_ids)
         return new
+
+
+def generation_end_ids(model: Path) -> frozenset[int]:
+    """The EOS ids of a model folder's `generation_config.json` (an int or a list; none without the file)."""
+    try:
+        eos = json.loads((Path(model) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])

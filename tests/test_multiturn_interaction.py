@@ -4,6 +4,7 @@ hostile probes answered in kind on a real SQLite file that stays byte-for-byte t
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 
@@ -133,3 +134,39 @@ def test_a_probe_states_the_true_count_of_a_real_result_and_the_cap_past_it(reta
         many = run_probe(sandbox, "SELECT a.name FROM customers a, customers b", limits)
         assert many.splitlines()[1] == "error: result too large: more than 10000 rows"
         assert run_probe(sandbox, None, limits).splitlines()[1] == "rejected: empty SQL"
+
+
+def test_a_turn_that_stops_on_another_end_token_ends_the_episode():
+    """vLLM stops on every EOS id of a model's generation_config (Qwen2.5: <|endoftext|> beside <|im_end|>), which
+    an engine names in `end_token_ids`. A turn that stopped on one of them is over: the episode ends without an
+    answer at once, instead of asking the engine to go on, a token at a time, until its budget is spent."""
+    from data_synthesis.turns import run_episodes
+    from sirius_train.local.model import train_tokenizer
+
+    tokenizer = train_tokenizer(["I do not know which table", "SELECT count(*) FROM t"] * 8, 256)
+    other_end = tokenizer.pad_token_id
+    assert other_end != tokenizer.eos_token_id
+
+    class StopsOnASecondEndToken:  # the engine protocol as vLLM fills it for such a model
+        max_model_len, end_token_ids, calls = 512, frozenset({other_end}), 0
+
+        def __init__(self):
+            self.tokenizer = tokenizer
+
+        def continue_ids(self, contexts, *, max_tokens, seeds, temperature, top_p, stop):
+            self.calls += 1
+            return [tokenizer("I do not know", add_special_tokens=False)["input_ids"] + [other_end] for _ in contexts]
+
+    engine = StopsOnASecondEndToken()
+    (episode,) = run_episodes(engine, [[{"role": "user", "content": "How many rows?"}]], lambda i, sql: "",
+                              ProbeLimits(max_turns=2), max_new_tokens=64)
+    assert engine.calls == 1 and episode.end is EpisodeEnd.NO_ANSWER
+
+
+def test_vllms_end_tokens_are_read_from_the_models_generation_config(tmp_path):
+    from data_synthesis.vllm_sampler import generation_end_ids
+
+    assert generation_end_ids(tmp_path) == frozenset()  # no generation_config.json: the tokenizer's eos only
+    for eos, ids in ((151645, {151645}), ([151645, 151643], {151645, 151643}), (None, set())):
+        (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        assert generation_end_ids(tmp_path) == ids
