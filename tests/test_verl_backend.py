@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -139,3 +140,37 @@ def test_pass_rates_and_evaluation_run_on_vllm_across_the_jobs_gpus():
     assert (seven.tensor_parallel, seven.actors) == (1, 8)
     make, _, _ = engine_factory(load_config(NANO.parent / "qwen7b_8gpu.yaml"), Path("/m/7b"), 6144)
     assert "distributed_executor_backend" not in make.keywords  # one GPU per engine
+
+
+def test_a_resumed_stage_whose_pass_rates_are_all_cached_starts_no_engine(backend, demo_db_root, tmp_path):
+    """A requeued verl stage re-reads its pool's rates from the cache: starting vLLM engines for that (minutes of
+    the whole allocation, every requeue) is skipped. This environment has no vLLM, so an engine start would fail;
+    the rates equal the cached ones, and gap filling's sampler would start the engines on its first request."""
+    from data_synthesis.difficulty import estimate_pass_rates
+    from data_synthesis.prompts import PromptFormat
+    from data_synthesis.records import Example
+    from data_synthesis.samplers import HFSampler
+    from sirius_train.local.model import NanoModelConfig, build_nano_model, train_tokenizer
+    from sirius_train.schedule import RunData
+
+    tokenizer = train_tokenizer(["SELECT count(*) FROM customers", "How many customers are there?"] * 8, 300)
+    model = build_nano_model(NanoModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2),
+                             tokenizer)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    examples = [Example(f"q{i}", "retail", f"How many customers are there? ({i})", "SELECT count(*) FROM customers")
+                for i in range(3)]
+    data = RunData(demo_db_root, [], examples, [], PromptFormat(schema_style="compact", schema_samples=0), "bird")
+    stage, cfg = backend.cfg.stages[0], backend.cfg
+    cache = tmp_path / "stage1" / "passrates.cache.jsonl"
+    cache.parent.mkdir()
+    cached = estimate_pass_rates(  # the first launch's estimate, with this stage's options
+        examples, HFSampler(str(folder), device="cpu"), demo_db_root, k=stage.estimate_k, cache_path=cache,
+        seed=cfg.seed, temperature=stage.temperature, top_p=stage.top_p, max_new_tokens=8, compare="bird",
+        policy=str(folder), variants=cfg.reward.variants, prompt_format=data.prompt_format)
+    stage = replace(stage, max_new_tokens=8)
+    rates, sampler, options = backend.pass_rates(examples, folder, stage, data, cache.parent)
+    assert rates == cached and backend._engines is None and sampler.multi_turn is False
+    assert options["policy"] == str(folder)

@@ -144,19 +144,28 @@ class VerlBackend:
         from sirius_train.halts import preemptible
         from sirius_train.progress import progress_bar
 
-        sampler = self._sampler(model, stage.name)
         per_call = max(1, ENGINE_CALL_SEQUENCES // stage.estimate_k)
         sampling = {"temperature": stage.temperature, "top_p": stage.top_p, "max_new_tokens": stage.max_new_tokens}
+        options = {"batch_size": per_call, "compare": data.compare, "timeout_s": self.cfg.reward.timeout_s,
+                   "variants": self.cfg.reward.variants, "policy": str(model), "prompt_format": data.prompt_format,
+                   **sampling}
+        cache, limits = out / "passrates.cache.jsonl", self.local.multi_turn[0] if self.local.multi_turn else None
+        on_demand = _EnginesOnDemand(self, model, stage.name, limits)
+        try:  # a resumed stage: every rate may be in the cache already, and engines cost minutes of the job
+            rates = estimate_pass_rates(examples, on_demand.cache_only(), data.db_root, k=stage.estimate_k,
+                                        cache_path=cache, seed=self.cfg.seed, **options)
+            stderr.print(f"pass rates ({stage.name}): all {len(examples)} read from {cache}; no engine started")
+            return rates, on_demand, options
+        except _NotCached:
+            pass
+        sampler = self._sampler(model, stage.name)
         prompts = [prompt_for(e, data.db_root, data.prompt_format) for e in examples]
         db_ids = [e.db_id for e in examples] if sampler.multi_turn else None  # episodes probe their databases
         sampler.expect(estimate_calls(prompts, stage.estimate_k, batch_size=per_call, seed=self.cfg.seed,
                                       db_ids=db_ids, **sampling))
         with progress_bar(f"pass rates ({stage.name}, k={stage.estimate_k}, vLLM)", len(examples)) as advance:
-            options = {"batch_size": per_call, "compare": data.compare, "timeout_s": self.cfg.reward.timeout_s,
-                       "variants": self.cfg.reward.variants, "policy": str(model), "prompt_format": data.prompt_format,
-                       **sampling}
             rates = estimate_pass_rates(
-                examples, sampler, data.db_root, k=stage.estimate_k, cache_path=out / "passrates.cache.jsonl",
+                examples, sampler, data.db_root, k=stage.estimate_k, cache_path=cache,
                 seed=self.cfg.seed, **options,
                 progress=preemptible(advance, f"{stage.name}: pass rates stopped, the finished ones cached"))
         return rates, sampler, options
@@ -317,6 +326,31 @@ class VerlBackend:
                     by_step[row["step"]] = row["data"]
         for step in sorted(by_step):
             self.local.metrics.log({"stage": stage, "step": step, "backend": "verl", **by_step[step]})
+
+
+class _NotCached(Exception):
+    """A pass rate the cache does not hold: the engines have to start."""
+
+
+class _EnginesOnDemand:
+    """The sampler of a stage whose pool rates all came from the cache: vLLM engines start on the first request
+    (gap filling's), not before. `cache_only()` is the sampler that finds out, sampling nothing."""
+
+    def __init__(self, backend: "VerlBackend", model: Path, phase: str, limits):
+        self._backend, self._model, self._phase = backend, model, phase
+        self.multi_turn, self.limits = limits is not None, limits
+
+    def sample(self, *args, **kwargs):
+        return self._backend._sampler(self._model, self._phase).sample(*args, **kwargs)
+
+    def cache_only(self):
+        class CacheOnly:
+            multi_turn, limits = self.multi_turn, self.limits
+
+            def sample(self, *args, **kwargs):
+                raise _NotCached
+
+        return CacheOnly()
 
 
 def engine_factory(cfg: RunConfig, model: Path, max_model_len: int):
