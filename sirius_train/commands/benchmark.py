@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("benchmark", "--name", help="output file stem"),
         workers: int = typer.Option(2, "--workers", min=0, help="sandboxed scoring processes (0 = in-process)"),
         batch_size: int = typer.Option(64, "--batch-size", min=1, help="questions per generation chunk"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="seed of the n sampled answers per question"),
         threads: int = THREADS,
         base: bool = typer.Option(False, "--base", help="with --run, also its untrained base model (the starting "
                                                         "point; the nano base answers nothing right)"),

@@ -29,10 +29,11 @@ MODEL = typer.Option(None, "--model", help="local Hugging Face model folder to s
 URL = typer.Option(None, "--url", help="OpenAI-compatible endpoint to sample from, e.g. http://host:8000/v1")
 SERVED = typer.Option(None, "--served-model", help="model name at --url")
 K = typer.Option(8, "--k", min=1, help="answers sampled per example")
-TEMPERATURE = typer.Option(1.0, "--temperature", min=0.0)
-TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0)
-MAX_NEW = typer.Option(512, "--max-new-tokens", min=1)
-SEED = typer.Option(0, "--seed")
+TEMPERATURE = typer.Option(1.0, "--temperature", min=0.0, help="sampling temperature of the k answers")
+TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="nucleus sampling: keep the top-p probability mass "
+                     "(1 = off)")
+MAX_NEW = typer.Option(512, "--max-new-tokens", min=1, help="longest answer, in tokens")
+SEED = typer.Option(0, "--seed", help="seed of the sampled answers (a part of the cache key)")
 BATCH = typer.Option(8, "--batch-size", min=1, help="examples per sampler call")
 COMPARE = typer.Option(CompareMode.BIRD, "--compare", help="result equivalence: bird | spider")
 POLICY = typer.Option("", "--policy", help="tag naming the policy in the cache key (e.g. checkpoint + step)")
@@ -165,7 +166,7 @@ def register(app: typer.Typer) -> None:
         tables: Path = typer.Option(None, "--tables", help="tables.json to check the datasets' db_ids against"),
         synthesize: int = typer.Option(0, "--synthesize", min=0, help="examples to synthesize per database"),
         synth_db: list[str] = typer.Option([], "--synth-db", help="synthesize over these db_ids (default: all)"),
-        seed: int = SEED,
+        seed: int = typer.Option(0, "--seed", help="seed of the synthesized examples"),
         llm_url: str = LLM_URL,
         llm_model: str = LLM_MODEL,
         timeout: float = typer.Option(5.0, "--timeout", help="seconds per gold query"),
@@ -265,9 +266,12 @@ def register(app: typer.Typer) -> None:
         keep_zero_share: float = typer.Option(0.0, "--keep-zero-share", help="budget share for p = 0 examples"),
         fill: bool = typer.Option(None, "--fill/--no-fill", help="fill short bins by mutation (default: on when "
                                                                  "a sampler is given)"),
-        fill_rounds: int = typer.Option(2, "--fill-rounds", min=1),
+        fill_rounds: int = typer.Option(2, "--fill-rounds", min=1, help="gap-filling rounds at most (each re-plans "
+                                        "the stage with what the previous one added)"),
         model: Path = MODEL, url: str = URL, served_model: str = SERVED, k: int = K,
-        temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW, seed: int = SEED,
+        temperature: float = TEMPERATURE, top_p: float = TOP_P, max_new_tokens: int = MAX_NEW,
+        seed: int = typer.Option(0, "--seed", help="seed of the selection, and of gap filling's mutations and "
+                                 "sampled answers"),
         batch_size: int = BATCH, compare: CompareMode = COMPARE, policy: str = POLICY, workers: int = WORKERS,
         llm_url: str = LLM_URL, llm_model: str = LLM_MODEL,
         config: Path = CONFIG, schema_style: str = SCHEMA_STYLE, schema_samples: int = SCHEMA_SAMPLES,
