@@ -424,8 +424,16 @@ def write_predictions(out: Path, stem: str, questions: list[BenchQuestion], rows
 
 SHOWN = ("greedy_ex", "mean_sampled_ex", "maj_at_k", "pass_at_k", "headroom", "selected_ex")
 # of the greedy answers (sirius_train.evaluation.official_metrics): BIRD's R-VES (the mean of sqrt(reward); x100 is R-VES) and
-# Soft-F1 with --compare bird, test-suite accuracy with --test-suite
+# Soft-F1 with --compare bird, test-suite accuracy with --test-suite; shown as the official scripts print them and as
+# `sirius evaluate` shows them (official_metrics.printed: x100, two decimals, no %: R-VES is no share, up to 111.80)
 OFFICIAL = ("greedy_r_ves", "greedy_soft_f1", "greedy_ts")
+
+
+def _cell(field: str, mean: float) -> str:
+    """A figure of the overall table: a share of questions as a %, an official metric as its scripts print it."""
+    from sirius_train.evaluation.official_metrics import printed
+
+    return printed(mean) if field in OFFICIAL else f"{100 * mean:.1f}%"
 
 
 def markdown(report: dict) -> str:
@@ -443,7 +451,7 @@ def markdown(report: dict) -> str:
     for m in report["models"]:
         run_acc, tokens, rate = m.get("run_eval_exec_acc"), m["tokens"], m["questions_per_s"]
         lines.append(f"| {m['model']} | {m['temperature']:g} | " + " | ".join(
-            f"{100 * m['overall'][f]:.1f}%" if f in m["overall"] else "" for f in shown)
+            _cell(f, m["overall"][f]) if f in m["overall"] else "" for f in shown)
             + f" | {'' if run_acc is None else f'{100 * run_acc:.1f}%'} | {'cached' if rate is None else rate} | "
             f"{tokens['prompt']} | {tokens['answer']} | {tokens['at_max_new_tokens']} of {tokens['answers']} |")
     for title, key in (("Difficulty", "buckets"), ("Database", "databases")):
@@ -452,7 +460,7 @@ def markdown(report: dict) -> str:
                   + " |", "|---|---:|" + "---:|" * len(report["models"])]
         for g in groups:
             cells = [f"{100 * m[key][g]['greedy_ex']:.1f}% / {100 * m[key][g]['pass_at_k']:.1f}%"
-                     + "".join(f"; {names[f]} {100 * m[key][g][f]:.1f}" for f in OFFICIAL if f in m[key][g])
+                     + "".join(f"; {names[f]} {_cell(f, m[key][g][f])}" for f in OFFICIAL if f in m[key][g])
                      if g in m[key] else "" for m in report["models"]]
             n = next(m[key][g]["n"] for m in report["models"] if g in m[key])
             lines.append(f"| {g} | {n} | " + " | ".join(cells) + " |")

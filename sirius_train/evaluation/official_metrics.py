@@ -134,6 +134,19 @@ def r_ves(rewards: Sequence[float]) -> float:
     return 100 * sum(math.sqrt(r) for r in rewards) / len(rewards) if rewards else 0.0
 
 
+def printed(mean: float) -> str:
+    """A metric's mean as the official scripts print it and every report here shows it (`sirius evaluate` and
+    `sirius benchmark` alike): `print_data`'s `{:.2f}` of the mean x 100, no `%` sign. R-VES is not a share (a
+    fast right answer earns sqrt(1.25), up to 111.80), so it is never shown as a percentage; the reports' JSON
+    keeps the mean itself (R-VES / 100).
+
+    Example:
+        >>> printed(0.6545084971874737), printed(414 / 541), printed(math.sqrt(1.25))
+        ('65.45', '76.52', '111.80')
+    """
+    return f"{100 * mean:.2f}"
+
+
 # ---------------------------------------------------------------------------------------------- test suites
 _CUR_YEAR = re.compile(r"YEAR\s*\(\s*CURDATE\s*\(\s*\)\s*\)\s*", re.IGNORECASE)
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from data_synthesis.jsonl import JsonlError, read_json, read_jsonl, read_text
 from rewards.scoring import ScoreItem, ScoreResult
 from sirius_train.evaluation.hardness import BUCKETS as SPIDER_BUCKETS, spider_hardness
+from sirius_train.evaluation.official_metrics import printed
 
 BIRD_SEPARATOR = "\t----- bird -----\t"
 NO_ROWS_SQL = "SELECT 1 WHERE 0"  # what sqlite3 gives for a string without a statement: no rows
@@ -107,7 +108,8 @@ def score_items(items: list[EvalItem], db_root: Path, compare: str, *, workers: 
         return executor.score(score, on_result=on_result)
 
 
-# per-question metrics a report may carry, by name -> title (means shown x 100, as the official scripts print them)
+# per-question metrics a report may carry, by name -> title (means shown as the official scripts print them:
+# official_metrics.printed, as `sirius benchmark` shows them too)
 METRICS = {"ex_official": "EX (official)", "r_ves": "R-VES", "soft_f1": "Soft-F1", "ts": "TS",
            "ex_variants": "EX+variants"}
 
@@ -168,7 +170,7 @@ def markdown_report(report: dict) -> str:
              ""]
     shown = [m for m in METRICS if m in report]
     if shown:
-        lines += [", ".join(f"{METRICS[m]} {100 * report[m]:.2f}" for m in shown), ""]
+        lines += [", ".join(f"{METRICS[m]} {printed(report[m])}" for m in shown), ""]
     if report.get("missing"):
         lines += [f"{report['missing']} question(s) had no prediction and count as wrong.", ""]
     if report.get("gold_failures"):
@@ -179,7 +181,7 @@ def markdown_report(report: dict) -> str:
         lines += [f"| {title} | n | correct | EX |" + "".join(f" {METRICS[m]} |" for m in shown),
                   "|---|---:|---:|---:|" + "---:|" * len(shown)]
         lines += [f"| {k} | {v['n']} | {v['correct']} | {100 * v['ex']:.2f}% |" +
-                  "".join(f" {100 * v[m]:.2f} |" for m in shown) for k, v in report[key].items()]
+                  "".join(f" {printed(v[m])} |" for m in shown) for k, v in report[key].items()]
         lines.append("")
     return "\n".join(lines)
 
