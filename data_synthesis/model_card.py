@@ -26,17 +26,18 @@ class CardError(ValueError):
 
 def write_card(folder: str | Path, prompt_format: PromptFormat, *, phase: str | None = None,
                run: str | None = None, config: dict | None = None, figures: dict | None = None,
-               compare: str | None = None, sampling: dict | None = None) -> Path:
+               compare: str | None = None, sampling: dict | None = None, lora: dict | None = None) -> Path:
     """Write `folder/sirius.json` atomically; returns its path.
 
     `chat_template` records what rendered the chat at training time: "tokenizer" (the folder's tokenizer
     carries its own template) or "fallback" (`prompts.FALLBACK_TEMPLATE`); both are reproduced by `chat_text`.
+    `lora`: a phase that trained adapters (merged into this folder's weights) names its base and its adapter.
     """
     folder = Path(folder)
     card = {"sirius_card": CARD_VERSION, "prompt_format": asdict(prompt_format),
             "chat_template": "tokenizer" if _has_chat_template(folder) else "fallback",
             "phase": phase, "run": run, "compare": compare, "sampling": sampling or {},
-            "figures": figures or {}, "config": config or {}}
+            "figures": figures or {}, "config": config or {}, **({"lora": lora} if lora else {})}
     tmp = folder / (CARD_FILE + ".tmp")
     tmp.write_text(json.dumps(card, indent=2, default=str))
     os.replace(tmp, folder / CARD_FILE)

@@ -107,6 +107,11 @@ class ModelConfig:
     max_position_embeddings: int = 1024
     # the local backend's compute dtype (weights stay float32: local/precision.py); auto: bf16 on GPU, fp32 on CPU
     dtype: str = "auto"
+    # LoRA (sirius_train/lora.py): rank 0 trains every weight; r > 0 trains rank-r adapters in SFT and each DAPO
+    # stage and writes each phase's model with them merged in. Scale = alpha / rank
+    lora_rank: int = 0
+    lora_alpha: int = 16  # an integer, as verl's actor_rollout_ref.model.lora_alpha is
+    lora_target_modules: list[str] = field(default_factory=list)  # block projections to adapt (empty: all of them)
 
 
 @dataclass
@@ -124,6 +129,9 @@ class SFTConfig:
     deepspeed: str | None = None  # DeepSpeed JSON (configs/deepspeed/zero2.json, zero3.json); None: no DeepSpeed
     gradient_accumulation_steps: int = 1  # global batch = batch_size x this x processes
     gradient_checkpointing: bool = False  # recompute activations in backward (long sequences, big models)
+    # with model.lora_rank > 0: the warm start trains adapters too (false: every weight, then LoRA in the stages --
+    # what a model built from scratch needs, whose random embeddings adapters cannot fix)
+    lora: bool = True
 
 
 @dataclass
@@ -342,7 +350,9 @@ RANGES: dict[type, dict[str, Range]] = {
     },
     ModelConfig: {key: _at_least(1, "the nano model's size") for key in (
         "tokenizer_vocab", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "max_position_embeddings")},
+        "max_position_embeddings")} | {
+        "lora_rank": _at_least(0, "the LoRA rank (0: full fine-tuning)"),
+        "lora_alpha": _above(0, "the LoRA scale's numerator (adapters scale by alpha / rank)")},
     SFTConfig: {
         "epochs": _above(0, "the number of passes over the SFT examples"),
         "lr": _above(0, "the SFT learning rate"),

@@ -90,7 +90,18 @@ def write_phase_card(cfg: RunConfig, data: RunData, info: dict) -> None:
     sampling["eval_max_new_tokens"] = eval_max_new_tokens(cfg)
     write_card(model, data.prompt_format, phase=info["phase"], run=str(cfg.run_dir), config=asdict(cfg),
                figures={k: v for k, v in info.items() if k.startswith("eval_")}, compare=data.compare,
-               sampling=sampling)
+               sampling=sampling, lora=phase_lora(cfg, info))
+
+
+def phase_lora(cfg: RunConfig, info: dict) -> dict | None:
+    """A LoRA phase's record: the base it adapted, its adapter folder (beside the merged model) and shape."""
+    from sirius_train.lora import ADAPTER_DIR, LoraSpec
+
+    spec = LoraSpec.of(cfg.model)
+    adapter = Path(info["model"]).parent / ADAPTER_DIR
+    if spec is None or "init" not in info or not adapter.is_dir():
+        return None
+    return {**spec.record(info["init"]), "adapter": str(adapter)}
 
 
 def eval_max_new_tokens(cfg: RunConfig) -> int:
@@ -281,9 +292,10 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
         sft_dir = run_dir / "sft"
         if (info := _done(sft_dir)) is None:
             t0 = time.monotonic()
+            init = model
             model, figures = backend.sft(data, model, sft_dir)
             figures.update(evaluate_phase(backend, model, data, "sft"))
-            info = {"phase": "sft", "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
+            info = {"phase": "sft", "init": str(init), "model": str(model), "seconds": round(time.monotonic() - t0, 1), **figures}
             _mark_done(sft_dir, info)
         write_phase_card(cfg, data, info)
         stop_if_preempted(f"stopped after SFT and its evaluation ({sft_dir / 'DONE.json'} written)")
@@ -323,7 +335,7 @@ def _run(cfg: RunConfig, backend: Backend, sft_only: bool) -> dict:
                 stderr.print(f"[yellow]warning:[/] {skipped}")
                 model_out = model
             figures = evaluate_phase(backend, model_out, data, stage.name)
-            info = {"phase": stage.name, "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
+            info = {"phase": stage.name, "init": str(model), "model": str(model_out), "seconds": round(time.monotonic() - t0, 1),
                     "curriculum_seconds": round(t_curriculum, 1), "curriculum": str(paths["parquet"]),
                     "pool_mean_pass_rate": sum(pool_rates) / max(len(pool_rates), 1),
                     "curriculum_report": curriculum.report, **({"skipped": skipped} if skipped else {}), **figures}

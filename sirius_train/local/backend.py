@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -120,6 +121,33 @@ class LocalBackend:
         """The context every forward pass of this backend runs in (autocast to `model.dtype`)."""
         return autocast(self.device, self.dtype)
 
+    @contextmanager
+    def _adapted(self, model, lora: bool = True):
+        """The model a phase trains: `model` itself, or with fresh LoRA adapters (`model.lora_rank`). A phase that
+        raises leaves adapters in `model`'s modules, so the model kept in memory is dropped (reloaded when next
+        needed)."""
+        from sirius_train.lora import LoraSpec, attach, trainable_parameters
+
+        spec = LoraSpec.of(self.cfg.model) if lora else None
+        if spec is None:
+            yield model
+            return
+        adapted = attach(model, spec)
+        trained, total = trainable_parameters(adapted)
+        stderr.print(f"LoRA r={spec.rank}, alpha={spec.alpha:g}: {trained / 1e6:.2f}M of {total / 1e6:.2f}M "
+                     f"parameters trained ({100 * trained / total:.2f}%)")
+        try:
+            yield adapted
+        except BaseException:
+            self._loaded = None
+            raise
+
+    def _merged(self, trained, out: Path):
+        """The phase's model to keep: a LoRA phase's adapters saved to `out/adapter`, then merged into the base."""
+        from sirius_train.lora import ADAPTER_DIR, is_adapted, merged
+
+        return merged(trained, out / ADAPTER_DIR) if is_adapted(trained) else trained
+
     def _keep(self, path: Path, model, tokenizer) -> Path:
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
@@ -173,12 +201,14 @@ class LocalBackend:
         # DeepSpeed keeps its own float32 master copy of bf16 weights; without it the weights themselves are float32
         model, tokenizer = self.load(init, self.dtype if s.deepspeed else MASTER_DTYPE)
         pairs = self._sft_pairs(data)
-        figures = train_sft(model, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
-                            warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
-                            packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
-                            gradient_accumulation_steps=s.gradient_accumulation_steps,
-                            gradient_checkpointing=s.gradient_checkpointing, bf16=self.dtype == torch.bfloat16,
-                            callbacks=[HFProgressCallback("SFT")], report_to=self.cfg.logging.backends)
+        with self._adapted(model, s.lora) as trained:
+            figures = train_sft(trained, tokenizer, pairs, out / "trainer", epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
+                                warmup_ratio=s.warmup_ratio, weight_decay=s.weight_decay, max_len=s.max_len,
+                                packing=s.packing, deepspeed=s.deepspeed, seed=self.cfg.seed,
+                                gradient_accumulation_steps=s.gradient_accumulation_steps,
+                                gradient_checkpointing=s.gradient_checkpointing, bf16=self.dtype == torch.bfloat16,
+                                    callbacks=[HFProgressCallback("SFT")], report_to=self.cfg.logging.backends)
+        model = self._merged(trained, out)
         self.metrics.log({"stage": "sft", "step": figures["sft_steps"], **figures})
         return self._keep(out / "model", model, tokenizer), figures
 
@@ -218,15 +248,16 @@ class LocalBackend:
                 advance(reward=row["reward_mean"], acc=row["acc_mean"])
 
             limits, probe = self.multi_turn or (None, None)
-            trainer = DAPOTrainer(model, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
-                                  metrics=self.metrics, seed=self.cfg.seed + index, compare=data.compare,
-                                  evaluate=evaluate if stage.eval_every else None, progress=show,
-                                  multi_turn=limits, probe=probe, compute_dtype=self.dtype)
-            if trainer.resume():
-                stderr.print(f"resumed {stage.name} from step {trainer.step}")
-                advance(trainer.step, earlier=True)
-            trainer.train()
-        return self._keep(out / "model", model, tokenizer)
+            with self._adapted(model) as trained:
+                trainer = DAPOTrainer(trained, tokenizer, items, stage, self.executor, ckpt_dir=out / "checkpoints",
+                                      metrics=self.metrics, seed=self.cfg.seed + index, compare=data.compare,
+                                      evaluate=evaluate if stage.eval_every else None, progress=show,
+                                      multi_turn=limits, probe=probe, compute_dtype=self.dtype)
+                if trainer.resume():
+                    stderr.print(f"resumed {stage.name} from step {trainer.step}")
+                    advance(trainer.step, earlier=True)
+                trainer.train()
+        return self._keep(out / "model", self._merged(trained, out), tokenizer)
 
     def evaluate(self, model_path: Path, data, stage: str) -> dict:
         from sirius_train.progress import progress_bar

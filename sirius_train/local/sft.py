@@ -154,6 +154,10 @@ def follow_sft(timeout_s: float = ranks.LEADER_TIMEOUT_S) -> bool:
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(spec["init"], dtype=getattr(torch, spec["dtype"]),
                                                  local_files_only=True).to(device)
+    if spec.get("lora"):  # rank 0 trains adapters: every rank puts the same fresh ones on the same base
+        from sirius_train.lora import LoraSpec, attach
+
+        model = attach(model, LoraSpec(**{**spec["lora"], "target_modules": tuple(spec["lora"]["target_modules"])}))
     data = read_jsonl(Path(spec["data"]), required=("input_ids", "labels"))
     _fit(model, spec["pad_id"], data, spec["output_dir"], SFTOptions(**spec["options"]), (), spec["report_to"],
          spec["resume"])
@@ -178,7 +182,11 @@ def training_arguments(output_dir: str | Path, options: SFTOptions, on_gpu: bool
 
 def check_run_config(cfg) -> None:
     """The warm start's launch rules for a run config (`sirius train` / `sirius sft` call it right after loading
-    it): its DeepSpeed config must fit the training arguments, when the SFT uses one."""
+    it): its DeepSpeed config must fit the training arguments, when the SFT uses one; its LoRA target modules must
+    be modules the model has."""
+    from sirius_train.lora import check_run
+
+    check_run(cfg)
     if cfg.sft.enabled and cfg.sft.deepspeed:
         check_sft_deepspeed(cfg.sft, seed=cfg.seed, device=cfg.device, dtype=cfg.model.dtype)
 
@@ -322,8 +330,14 @@ def _release_deepspeed(trainer, model, zero3: bool) -> None:
 def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path, options: SFTOptions,
                    report_to, resume: str | None) -> dict:
     """Rank 0: the files and settings the other ranks train with (paths absolute: they may run elsewhere)."""
+    from sirius_train.lora import spec_of
+
     handoff = Path(output_dir).resolve() / "handoff"
+    lora = spec_of(model)
     init = Path(model.name_or_path or "")
+    if lora is not None and not (init / "config.json").is_file():
+        raise ValueError("a LoRA warm start on several ranks starts from a model folder (the base's weights, which "
+                         "every rank adapts afresh); this model was built in memory")
     if not (init / "config.json").is_file():  # built in memory (the nano model): write it out
         init = handoff / "init"
         model.save_pretrained(init)
@@ -331,4 +345,4 @@ def _write_handoff(model, pad_id: int, data: list[dict], output_dir: str | Path,
     return {"init": str(init.resolve()), "data": str(handoff / "data.jsonl"), "pad_id": pad_id,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "output_dir": str(Path(output_dir).resolve()), "options": asdict(options), "report_to": list(report_to),
-            "resume": resume and str(Path(resume).resolve())}
+            "resume": resume and str(Path(resume).resolve()), "lora": lora and asdict(lora)}

@@ -199,10 +199,9 @@ class DAPOTrainer:
         path = latest_checkpoint(self.ckpt_dir, warn=lambda message: print(f"warning: {message}", file=sys.stderr))
         if path is None:
             return False
-        from safetensors.torch import load_file
+        from sirius_train.lora import load_weights
 
-        weights = load_file(str(path / "model.safetensors"), device=str(self.device))
-        self.model.load_state_dict(weights, strict=False)  # tied embeddings are stored once
+        load_weights(self.model, path, str(self.device))  # the adapters of a LoRA stage, else the whole model
         state = load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.gate.load_state_dict(state["gate"])
