@@ -21,20 +21,26 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import sqlite3
 import sys
 from pathlib import Path
 
 from rewards.scoring import ScoreItem
 
-SPIDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "spider"
+# Spider in the layout docs/BENCHMARKS.md describes ("Spider data"): SIRIUS_SPIDER_ROOT (as for the tests), else the
+# shared copy beside the clone; every benchmark that reads it also takes --spider-root PATH
+SPIDER = Path(os.environ.get("SIRIUS_SPIDER_ROOT") or Path(__file__).resolve().parents[2] / "shared" / "data" / "spider")
+SPIDER_HELP = ("Spider in the layout of docs/BENCHMARKS.md, 'Spider data' (default: $SIRIUS_SPIDER_ROOT, else "
+               "../shared/data/spider)")
 
 
 def load_pool_pairs(spider_root: Path = SPIDER) -> list[ScoreItem]:
     """Every (candidate, gold) pair of the real pools: 431 Spider dev questions x 18 systems = 7,758."""
     pools = spider_root / "dev_candidate_pools.jsonl"
     if not pools.is_file():
-        sys.exit(f"Spider pools not found at {pools}; see ../shared/data/spider/README.md")
+        sys.exit(f"Spider pools not found at {pools}: pass --spider-root PATH (or set SIRIUS_SPIDER_ROOT); the "
+                 "layout: docs/BENCHMARKS.md, 'Spider data'")
     items = []
     with pools.open() as f:
         for line in f:

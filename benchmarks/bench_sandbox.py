@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _baselines import SPIDER, _connect_ro, db_path, load_pool_pairs, warm_page_cache
+from _baselines import SPIDER, SPIDER_HELP, _connect_ro, db_path, load_pool_pairs, warm_page_cache
 
 from rewards.sandbox import Sandbox
 from rewards.scoring import Scorer
@@ -77,7 +77,7 @@ def contenders(db_root: Path, queries: list[tuple[str, str]], pairs: list) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     items = load_pool_pairs(args.spider_root)

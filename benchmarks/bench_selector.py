@@ -1,6 +1,6 @@
 """Selector benchmark on both open candidate pools (431 Spider dev questions, 18 systems each).
 
-    PYTHONPATH=. python benchmarks/bench_selector.py [--spider ../shared/data/spider] [--out FILE.md]
+    PYTHONPATH=. python benchmarks/bench_selector.py [--spider-root ../shared/data/spider] [--out FILE.md]
 
 Pool A is `dev_candidate_pools.jsonl`, pool B `dev_candidate_pools_b.jsonl` (the same questions
 answered by 18 other, weaker systems). Per pool, overall and per database, in both `bird` and
@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _baselines import SPIDER, SPIDER_HELP  # noqa: E402
 from rewards.executor import Executor  # noqa: E402
 from rewards.outcome import Status  # noqa: E402
 from rewards.scoring import ScoreItem  # noqa: E402
@@ -135,7 +136,7 @@ def run_pool(executor: Executor, db_root: Path, pools: list[dict], config: Lifec
 # ------------------------------------------------------------------------------------------ the run
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider", type=Path, default=ROOT.parent / "shared" / "data" / "spider")
+    parser.add_argument("--spider-root", "--spider", dest="spider", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown here")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()

@@ -22,7 +22,8 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-from _baselines import SPIDER, disagreements, load_pool_pairs, medians, run_rounds, save_runs, setup_line
+from _baselines import (SPIDER, SPIDER_HELP, disagreements, load_pool_pairs, medians, run_rounds, save_runs,
+                        setup_line)
 
 
 def contenders(clients: int) -> dict[str, tuple[str, int, str]]:
@@ -40,7 +41,7 @@ def contenders(clients: int) -> dict[str, tuple[str, int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--clients", type=int, default=4)

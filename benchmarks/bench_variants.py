@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from _baselines import SPIDER
+from _baselines import SPIDER, SPIDER_HELP
 
 from rewards.scoring import ScoreItem, Scorer
 from rewards.suites import Suite
@@ -172,7 +172,7 @@ def cost_markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("pools", "cost"))
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--k", type=int, nargs="+", default=[3])
     parser.add_argument("--sample", type=int, default=0, help="caught candidates to print (distinct question + SQL)")
     parser.add_argument("--seed", type=int, default=30, help="of the sample")

@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _baselines import SPIDER
+from _baselines import SPIDER, SPIDER_HELP
 
 from rewards.sandbox import Limits, Sandbox
 from sirius_train.evaluation.official_eval import time_pair
@@ -96,7 +96,7 @@ def markdown(result: dict, repeats: int, rounds: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--spider-root", type=Path, default=SPIDER)
+    parser.add_argument("--spider-root", type=Path, default=SPIDER, help=SPIDER_HELP)
     parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
