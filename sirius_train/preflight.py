@@ -330,9 +330,11 @@ def disk_check(cfg: RunConfig, shape) -> Check:
     keep = cfg.verl.keep_checkpoints
     kept = [min(keep, -(-s.steps // (s.checkpoint_every or s.steps))) if keep else -(-s.steps // (s.checkpoint_every
             or s.steps)) for s in cfg.stages]
-    need = disk_plan_gib(shape, kept)
-    detail = (f"{free:.0f} GiB free at {existing}; plan {_size(need)} ({'+'.join(map(str, kept))} checkpoints "
-              f"of {_size(checkpoint_gib(shape))} + merged models)")
+    trained = shape.adapter_params(cfg.model.lora_rank, tuple(cfg.model.lora_target_modules)) \
+        if cfg.model.lora_rank else None  # a LoRA checkpoint holds the adapters and their AdamW state
+    need = disk_plan_gib(shape, kept, trained)
+    detail = (f"{free:.0f} GiB free at {existing}; plan {_size(need)} ({'+'.join(map(str, kept))} "
+              f"{'LoRA ' if trained else ''}checkpoints of {_size(checkpoint_gib(shape, trained))} + merged models)")
     return Check("disk", OK if free >= need else FAIL, detail,
                  "" if free >= need else "point verl.checkpoint_dir at a larger volume, or lower verl.keep_checkpoints")
 

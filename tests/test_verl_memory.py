@@ -198,3 +198,45 @@ def test_known_shapes_by_folder_name():
     assert known_shape("/shared/models/Qwen2.5-Coder-32B-Instruct/") == ("qwen2.5-coder-32b", QWEN25_32B)
     assert known_shape("/m/Qwen2.5-Coder-7B-Instruct")[1] is QWEN25_7B
     assert known_shape("/m/Llama-3-8B") is None
+
+
+@pytest.mark.parametrize("targets", [(), ("q_proj", "v_proj")], ids=["all-linear", "q and v"])
+def test_lora_adapter_counts_are_peft_s(targets):
+    """The planner's adapter count against peft's own trainable parameters on a real Qwen2 (q/k/v biases, GQA)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sirius_train.lora import LoraSpec, attach, trainable_parameters
+
+    config = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    adapted = attach(Qwen2ForCausalLM(Qwen2Config(**config)), LoraSpec(8, 16.0, targets))
+    assert ModelShape.from_hf_config(config).adapter_params(8, targets) == trainable_parameters(adapted)[0]
+
+
+def test_lora_keeps_no_optimizer_state_or_gradients_for_the_frozen_base():
+    lora = replace(GRPO_7B_ONE_NODE, lora_rank=32)
+    p, a = QWEN25_7B.params, QWEN25_7B.adapter_params(32)
+    full, adapted = dict(update_plan(QWEN25_7B, GRPO_7B_ONE_NODE).parts), dict(update_plan(QWEN25_7B, lora).parts)
+    assert adapted["FSDP state (frozen base + adapters)"] == pytest.approx((4 * p + 16 * a) / 8 / GIB)
+    assert adapted["gathered layers"] == pytest.approx((QWEN25_7B.layer_params * 4 + QWEN25_7B.vocab_params * 2) / GIB)
+    assert {k: v for k, v in adapted.items() if k not in ("FSDP state (frozen base + adapters)", "gathered layers")} \
+        == {k: v for k, v in full.items() if k not in ("FSDP state", "gathered layers")}  # activations, logits
+    kept = dict(rollout_plan(QWEN25_7B, lora).parts)["actor kept"]
+    assert kept == pytest.approx((4 * p + 8 * a) / 8 / GIB)
+    assert checkpoint_gib(QWEN25_7B, a) == pytest.approx(12 * a / GIB)
+    assert disk_plan_gib(QWEN25_7B, [2], a) == pytest.approx((2 * 12 * a + 2 * p) / GIB)
+
+
+def test_the_lora_32b_recipe_fits_one_node_where_the_full_fine_tune_does_not():
+    cfg = load_config("configs/qwen32b_lora_1node.yaml")
+    full = load_config("configs/qwen32b_lora_1node.yaml", ["model.lora_rank=0"])
+    assert cfg.verl.nnodes * cfg.verl.n_gpus_per_node == 8 and not cfg.verl.param_offload
+    for stage in cfg.stages:
+        plans = [*stage_plans(QWEN25_32B, stage_layout(cfg, stage, 80)), estimation_plan(cfg, QWEN25_32B, 80)]
+        assert all(p.fits for p in plans), [(p.phase, p.note) for p in plans]
+    for stage in full.stages:
+        assert not update_plan(QWEN25_32B, stage_layout(full, stage, 80)).fits
+    adapters = QWEN25_32B.adapter_params(cfg.model.lora_rank)
+    assert checkpoint_gib(QWEN25_32B, adapters) < checkpoint_gib(QWEN25_32B) / 100  # 3 GiB against 366

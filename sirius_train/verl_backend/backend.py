@@ -31,6 +31,7 @@ from sirius_train.verl_backend.launch import (
     verl_command,
     verl_env,
 )
+from sirius_train.lora import LoraSpec
 from sirius_train.verl_backend.memory import estimation_plan, stage_layout, stage_plans
 from sirius_train.verl_backend.plans import (
     DEFAULT_GPU_GIB,
@@ -255,7 +256,8 @@ class VerlBackend:
                 if checkpoints.is_dir():
                     prune_verl_checkpoints(checkpoints, keep)
         actor = latest_actor_checkpoint(Path(plan.paths.checkpoints))
-        merge_to_hf(self.cfg.verl.python, actor, model_dir, env, out / "merge.log")
+        spec = LoraSpec.of(self.cfg.model)  # LoRA: the checkpoint holds adapters, folded into the stage's start
+        merge_to_hf(self.cfg.verl.python, actor, model_dir, env, out / "merge.log", lora=spec and (spec, init))
         self._import_metrics(Path(plan.paths.metrics), stage.name)
         return model_dir
 

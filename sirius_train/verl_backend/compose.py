@@ -82,7 +82,10 @@ def _check_with_verl(cfg) -> None:
             omega_conf_to_dataclass(section)
         resolve_reward_manager_cls(cfg)  # the reward loop's lookup (verl's RewardManagerConfig cannot be built alone)
     except (AssertionError, ValueError, TypeError, KeyError, HydraException) as e:  # hydra wraps dataclass errors
-        raise ConfigError(f"verl rejects this configuration: {str(e).strip()}".replace("\n", " ")) from None
+        hint = ("; verl checks a LoRA rank against the installed vLLM's, so a LoRA config composes only where vLLM is "
+                "installed (the [vllm] extra; `make test-verl-cpu`'s environment on a CPU machine)"
+                if "vllm version None" in str(e) and cfg.actor_rollout_ref.model.get("lora_rank", 0) else "")
+        raise ConfigError(f"verl rejects this configuration: {str(e).strip()}".replace("\n", " ") + hint) from None
 
 
 def _explain(error: Exception, version: str) -> str:

@@ -32,8 +32,14 @@ def verl_command(python: str | None, overrides: list[str]) -> list[str]:
     return [python or sys.executable, "-m", VERL_ENTRY, *overrides]
 
 
-def merge_command(python: str | None, actor_dir: Path, target_dir: Path) -> list[str]:
-    """argv of verl's FSDP checkpoint -> Hugging Face folder conversion (`verl.model_merger`)."""
+def merge_command(python: str | None, actor_dir: Path, target_dir: Path, lora=None) -> list[str]:
+    """argv of verl's FSDP checkpoint -> Hugging Face folder conversion (`verl.model_merger`); a LoRA stage's
+    (`lora`: its `LoraSpec` and starting model) folds its adapters into that model instead (`lora_merge`)."""
+    if lora is not None:
+        from sirius_train.verl_backend.lora_merge import merge_argv
+
+        spec, init = lora
+        return [python or sys.executable, *merge_argv(actor_dir, init, target_dir, spec)]
     return [python or sys.executable, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
             "--local_dir", str(actor_dir), "--target_dir", str(target_dir)]
 
@@ -162,12 +168,14 @@ def latest_actor_checkpoint(checkpoint_dir: Path) -> Path:
     return Path(step_dir) / "actor"
 
 
-def merge_to_hf(python: str | None, actor_dir: Path, target_dir: Path, env: dict[str, str], log_path: Path) -> Path:
-    """Merge FSDP shards into an HF folder (weights, config, tokenizer); skipped when already merged."""
+def merge_to_hf(python: str | None, actor_dir: Path, target_dir: Path, env: dict[str, str], log_path: Path,
+                lora=None) -> Path:
+    """Merge FSDP shards into an HF folder (weights, config, tokenizer); skipped when already merged. `lora`:
+    (spec, the stage's starting model) of a LoRA stage, whose checkpoint holds only adapters."""
     if (target_dir / "config.json").is_file():
         return target_dir
     partial = target_dir.with_name(target_dir.name + ".partial")
-    run_logged(merge_command(python, actor_dir, partial), env, log_path)
+    run_logged(merge_command(python, actor_dir, partial, lora), env, log_path)
     if not (partial / "config.json").is_file():
         raise RuntimeError(f"verl.model_merger wrote no config.json into {partial} (see {log_path})")
     os.replace(partial, target_dir)

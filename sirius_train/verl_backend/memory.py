@@ -4,6 +4,7 @@ Estimates, not measurements: each part is the textbook size of what the phase ke
 shape that cannot fit is caught in seconds instead of an hour into a cluster job. The parts (their labels):
 
     FSDP state            fp32 parameters + fp32 gradients + AdamW m, v = 16 bytes/param, sharded over all GPUs
+                          (LoRA: 4 bytes a frozen base parameter, 16 an adapter parameter; no base gradients)
                           (on the GPU during the update even with offload: verl loads them back for the step)
     actor kept            what stays of it while vLLM generates: fp32 params unless param_offload, AdamW unless
                           optimizer_offload (gradients are freed after the step)
@@ -72,6 +73,17 @@ class ModelShape:
     def params(self) -> int:
         return self.vocab_params + self.layers * self.layer_params + self.hidden
 
+    def adapter_params(self, rank: int, targets: tuple[str, ...] = ()) -> int:
+        """LoRA's trained parameters: r x (in + out) for each adapted projection of each block (`targets`
+        empty: all seven, as "all-linear" takes them)."""
+        q, kv, h, i = self.heads * self.hd, self.kv_heads * self.hd, self.hidden, self.intermediate
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                 "gate_proj": h + i, "up_proj": h + i, "down_proj": i + h}
+        unknown = set(targets) - set(sizes)
+        if unknown:
+            raise ValueError(f"no size for LoRA target(s) {sorted(unknown)}: the planner knows {sorted(sizes)}")
+        return self.layers * rank * sum(size for name, size in sizes.items() if not targets or name in targets)
+
     def kv_bytes_per_token(self, tp: int = 1) -> int:
         """bf16 K and V of one token on one tensor-parallel rank (KV heads are split, or replicated past TP)."""
         return 2 * self.layers * -(-self.kv_heads // tp) * self.hd * 2
@@ -120,6 +132,12 @@ class Layout:
     gradient_checkpointing: bool = True
     entropy_in_loss: bool = False
     enforce_eager: bool = False
+    lora_rank: int = 0  # > 0: adapters train, the base is frozen (no gradients, no AdamW state)
+    lora_targets: tuple[str, ...] = ()
+
+    def trained(self, shape: ModelShape) -> int:
+        """Parameters with gradients and optimizer state: the adapters under LoRA, else every one."""
+        return shape.adapter_params(self.lora_rank, self.lora_targets) if self.lora_rank else shape.params
 
 
 @dataclass(frozen=True)
@@ -141,8 +159,13 @@ def update_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     """The FSDP actor update (the peak of the training side) at `tokens_per_gpu` tokens per micro-batch."""
     p, t = shape.params, layout.tokens_per_gpu
     per_layer_token = (5 * shape.hidden + 2 * shape.kv_heads * shape.hd + 4 * shape.intermediate) * 2
-    parts = [("FSDP state", 16 * p / layout.gpus / GIB),
-             ("gathered layers", (shape.layer_params * (2 * 2 + 2 + 4) + shape.vocab_params * (2 + 2)) / GIB)]
+    if layout.lora_rank:  # frozen fp32 base, adapters with gradients and AdamW; no gradient of a base layer
+        a = layout.trained(shape)
+        parts = [("FSDP state (frozen base + adapters)", (4 * p + 16 * a) / layout.gpus / GIB),
+                 ("gathered layers", (shape.layer_params * 2 * 2 + shape.vocab_params * 2) / GIB)]
+    else:
+        parts = [("FSDP state", 16 * p / layout.gpus / GIB),
+                 ("gathered layers", (shape.layer_params * (2 * 2 + 2 + 4) + shape.vocab_params * (2 + 2)) / GIB)]
     if layout.gradient_checkpointing:
         parts += [("saved activations", shape.layers * t * shape.hidden * 2 / GIB),
                   ("recompute", t * per_layer_token / GIB)]
@@ -184,8 +207,8 @@ def vllm_plan(phase: str, shape: ModelShape, *, tp: int, utilization: float, gpu
 
 def rollout_plan(shape: ModelShape, layout: Layout) -> PhasePlan:
     """verl's rollouts: vLLM beside what the actor keeps on the GPU (hybrid engine: the same GPUs)."""
-    kept_bytes_per_param = (0 if layout.param_offload else 4) + (0 if layout.optimizer_offload else 8)
-    resident = kept_bytes_per_param * shape.params / layout.gpus
+    resident = ((0 if layout.param_offload else 4 * shape.params)
+                + (0 if layout.optimizer_offload else 8 * layout.trained(shape))) / layout.gpus
     label = "actor kept"
     return vllm_plan("rollout (vLLM in verl)", shape, tp=layout.rollout_tp,
                      utilization=layout.gpu_memory_utilization, gpu_gib=layout.gpu_gib,
@@ -198,14 +221,15 @@ def stage_plans(shape: ModelShape, layout: Layout) -> list[PhasePlan]:
     return [rollout_plan(shape, layout), update_plan(shape, layout)]
 
 
-def checkpoint_gib(shape: ModelShape) -> float:
-    """One verl actor checkpoint: fp32 weights + AdamW m, v (12 bytes/param), sharded files."""
-    return 12 * shape.params / GIB
+def checkpoint_gib(shape: ModelShape, trained: int | None = None) -> float:
+    """One verl actor checkpoint: fp32 weights + AdamW m, v (12 bytes/param) of what trains (`trained`: the
+    adapters of a LoRA run, which saves them alone; default every parameter), sharded files."""
+    return 12 * (shape.params if trained is None else trained) / GIB
 
 
-def disk_plan_gib(shape: ModelShape, checkpoints_per_stage: list[int]) -> float:
+def disk_plan_gib(shape: ModelShape, checkpoints_per_stage: list[int], trained: int | None = None) -> float:
     """Checkpoints every stage keeps, plus each stage's merged bf16 model (stages keep theirs after they end)."""
-    return sum(n * checkpoint_gib(shape) + 2 * shape.params / GIB for n in checkpoints_per_stage)
+    return sum(n * checkpoint_gib(shape, trained) + 2 * shape.params / GIB for n in checkpoints_per_stage)
 
 
 def stage_layout(cfg, stage, gpu_gib: float) -> Layout:
@@ -220,7 +244,8 @@ def stage_layout(cfg, stage, gpu_gib: float) -> Layout:
                   gpu_memory_utilization=v.gpu_memory_utilization, max_num_batched_tokens=v.max_num_batched_tokens,
                   param_offload=v.param_offload, optimizer_offload=v.optimizer_offload,
                   gradient_checkpointing=v.gradient_checkpointing, entropy_in_loss=stage.entropy.mode != "off",
-                  enforce_eager=v.enforce_eager)
+                  enforce_eager=v.enforce_eager, lora_rank=cfg.model.lora_rank,
+                  lora_targets=tuple(cfg.model.lora_target_modules))
 
 
 def estimation_plan(cfg, shape: ModelShape, gpu_gib: float) -> PhasePlan:

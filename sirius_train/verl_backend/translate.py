@@ -9,6 +9,8 @@ What each part of SPEC section 3 becomes in `python -m verl.trainer.main_ppo`:
     overlong shaping              reward.reward_manager.name=dapo + reward.reward_kwargs.overlong_buffer_cfg
     execution reward              reward.custom_reward_function -> rewards/verl_reward.py::compute_score
     entropy gate                  fixed/off: actor.entropy_coeff; adaptive: our trainer (see `entropy.py`)
+    LoRA (model.lora_*)           actor_rollout_ref.model.lora_rank / lora_alpha / target_modules, LoRA-only
+                                  checkpoints (actor.checkpoint.save_lora_only), merged by `lora_merge.py`
     multi-turn probes             rollout.multi_turn.* + agent.default_agent_loop=sirius_sql, the tool config
                                   of `tool_config` (our SQL tool, parser and agent loop: `sql_tool.py`)
 
@@ -76,6 +78,8 @@ OPEN_MAPS: dict[str, tuple[str, ...] | None] = {
     "actor_rollout_ref.actor.fsdp_config.wrap_policy": ("transformer_layer_cls_to_wrap",),
     # HF config attributes the actor's model is loaded with (verl reads attn_implementation from here)
     "actor_rollout_ref.model.override_config": None,
+    # verl's CheckpointConfig fields its generated YAML does not list (read by the FSDP checkpoint manager)
+    "actor_rollout_ref.actor.checkpoint": ("save_lora_only",),
     # engine arguments passed through to vLLM / SGLang as they are
     "actor_rollout_ref.rollout.engine_kwargs.vllm": None,
     "actor_rollout_ref.rollout.engine_kwargs.sglang": None,
@@ -119,6 +123,7 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("actor_rollout_ref.model.enable_gradient_checkpointing", v.gradient_checkpointing),
         # verl loads the actor with flash_attention_2 unless told otherwise; say which, always
         ("+actor_rollout_ref.model.override_config.attn_implementation", v.attn_implementation),
+        *_lora(cfg),
         ("actor_rollout_ref.actor.strategy", v.strategy),
         ("actor_rollout_ref.actor.fsdp_config.param_offload", v.param_offload),
         ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", v.optimizer_offload),
@@ -360,6 +365,19 @@ def _reward_kwargs(cfg: RunConfig, paths: StagePaths) -> list[tuple[str, object]
                 (f"{prefix}.reward_fallback", cfg.reward.fallback), (f"{prefix}.db_root", paths.db_root),
                 (f"{prefix}.timeout_s", cfg.reward.timeout_s)] + variants
     return [(f"{prefix}.db_root", paths.db_root), (f"{prefix}.timeout_s", cfg.reward.timeout_s)] + variants
+
+
+def _lora(cfg: RunConfig) -> list[tuple[str, object]]:
+    """LoRA in verl's FSDP keys: peft adapters on the actor (its reference is the base, adapters off), vLLM given the
+    adapters at every weight sync, and checkpoints of the adapters alone (`lora_merge` folds them into the stage's
+    starting model at the end)."""
+    m = cfg.model
+    if not m.lora_rank:
+        return []
+    return [("actor_rollout_ref.model.lora_rank", m.lora_rank),
+            ("actor_rollout_ref.model.lora_alpha", m.lora_alpha),
+            ("actor_rollout_ref.model.target_modules", list(m.lora_target_modules) or "all-linear"),
+            ("+actor_rollout_ref.actor.checkpoint.save_lora_only", True)]
 
 
 def _overlong(stage: StageConfig, response_tokens: int) -> list[tuple[str, object]]:
