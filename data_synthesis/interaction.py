@@ -177,18 +177,6 @@ def episode_end(last: ParsedTurn, probes: int, limits: ProbeLimits, out_of_token
     return EpisodeEnd.TRUNCATED if out_of_tokens else EpisodeEnd.NO_ANSWER
 
 
-def end_or_observe(episode, turn: ParsedTurn, limits: ProbeLimits, out_of_tokens: bool, probe, tokenizer):
-    """After a model turn that ended (closed a block, stopped, or ran out of tokens): set `episode.end` (and its
-    `answer`) by `episode_end`, or run the turn's probe, `probe(episode.prompt, sql)`, and return the observation's
-    token ids; None when the episode ended. The step both multi-turn loops share (`multiturn`, `turns`)."""
-    episode.end = episode_end(turn, episode.probes, limits, out_of_tokens)
-    if episode.end is EpisodeEnd.ANSWERED:
-        episode.answer = turn.sql
-    if episode.end is not None:
-        return None
-    return tokenizer(observation_segment(probe(episode.prompt, turn.sql)), add_special_tokens=False)["input_ids"]
-
-
 def render_observation(outcome: Outcome, limits: ProbeLimits, row_count: int | None = None) -> str:
     """The observation block of a probe's typed outcome: its status and the engine's error verbatim, or
     its columns and first `max_rows` rows with the true row count; the body cut at `max_chars`.

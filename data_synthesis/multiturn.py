@@ -25,8 +25,9 @@ from transformers import DynamicCache
 
 from data_synthesis.generation import (Rollout, encode_prompts, left_pad_cat, left_pad_positions, prompt_cache,
                                       tempered_log_softmax, token_ids_with)
-from data_synthesis.interaction import (EpisodeEnd, ProbeLimits, TurnKind, end_or_observe, parse_turn,
-                                        with_probe_instructions)
+from data_synthesis.episode import (after_turn, end_ids, observation_fits, observation_ids, tokens_left,
+                                    turn_over)
+from data_synthesis.interaction import EpisodeEnd, ProbeLimits, with_probe_instructions
 
 Probe = Callable[[int, "str | None"], str]  # (prompt index, probe SQL) -> observation text
 
@@ -61,7 +62,9 @@ def generate_episodes(model, tokenizer, prompts: list[list[dict]], probe: Probe,
         prompts = [with_probe_instructions(p, limits) for p in prompts]
     device = next(model.parameters()).device
     max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
-    closers = token_ids_with(tokenizer, "`>")  # only after one of them can a turn have closed a block
+    ends = end_ids(tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    # only after one of them can a turn be over (closed a block, or stopped)
+    closers = torch.cat([token_ids_with(tokenizer, "`>"), torch.tensor(sorted(ends), dtype=torch.long)])
     per_call = max(1, batch_size // n)
     was_training = model.training
     model.eval()
@@ -70,7 +73,7 @@ def generate_episodes(model, tokenizer, prompts: list[list[dict]], probe: Probe,
         for start in range(0, len(prompts), per_call):
             prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts[start:start + per_call], device)
             episodes = [_Episode(start + r // n, int(prompt_mask[r // n].sum())) for r in range(len(prompt_ids) * n)]
-            _run(model, tokenizer, prompt_ids, prompt_mask, episodes, probe, limits, closers=closers, n=n,
+            _run(model, tokenizer, prompt_ids, prompt_mask, episodes, probe, limits, closers=closers, ends=ends, n=n,
                  temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, max_positions=max_positions)
             parts.append((prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0), episodes))
     finally:
@@ -79,7 +82,7 @@ def generate_episodes(model, tokenizer, prompts: list[list[dict]], probe: Probe,
 
 
 def _run(model, tokenizer, prompt_ids, prompt_mask, episodes: list[_Episode], probe: Probe, limits: ProbeLimits, *,
-         closers: torch.Tensor, n: int, temperature: float, top_p: float, max_new_tokens: int,
+         closers: torch.Tensor, ends: frozenset[int], n: int, temperature: float, top_p: float, max_new_tokens: int,
          max_positions: int) -> None:
     """Decode one batch of episodes to their ends, filling them in place."""
     device = prompt_ids.device
@@ -95,10 +98,9 @@ def _run(model, tokenizer, prompt_ids, prompt_mask, episodes: list[_Episode], pr
     attention = prompt_mask[rows]  # (B, P + t): grows by one column per step
     position = prompt_mask[rows].sum(dim=1)  # (B,) position of the token fed next
     live = list(episodes)
-    eos = tokenizer.eos_token_id
     while live:
         token, log_prob, entropy = _sample(logits, temperature, top_p)  # (b,) each
-        may_close = (torch.isin(token, closers.to(token.device)) | (token == eos)).tolist()
+        may_close = torch.isin(token, closers.to(token.device)).tolist()
         token, log_prob, entropy = token.tolist(), log_prob.tolist(), entropy.tolist()
         fed = []
         for j, e in enumerate(live):
@@ -113,7 +115,7 @@ def _run(model, tokenizer, prompt_ids, prompt_mask, episodes: list[_Episode], pr
                 e.log_probs.append(log_prob[j])
                 e.entropies.append(entropy[j])
                 e.model_tokens += 1
-                _after_model_token(e, may_close[j], tokenizer, probe, limits, max_new_tokens, max_positions)
+                _after_model_token(e, may_close[j], tokenizer, probe, limits, max_new_tokens, max_positions, ends)
             fed.append(e.tokens[-1])
         keep = [j for j, e in enumerate(live) if e.end is None]
         if not keep:
@@ -130,21 +132,23 @@ def _run(model, tokenizer, prompt_ids, prompt_mask, episodes: list[_Episode], pr
 
 
 def _after_model_token(e: _Episode, may_close: bool, tokenizer, probe: Probe, limits: ProbeLimits,
-                       max_new_tokens: int, max_positions: int) -> None:
-    """End the turn where the token closed it (or the budget did): finish the episode, or run its probe and queue
-    the observation's tokens."""
+                       max_new_tokens: int, max_positions: int, ends: frozenset[int]) -> None:
+    """End the turn where the protocol says it is over (`data_synthesis.episode`): finish the episode, or run its
+    probe and queue the observation's tokens."""
     # the model's budget, or the model's positions: the token just sampled would be fed at position context + len
-    out_of_tokens = e.model_tokens >= max_new_tokens or e.context + len(e.tokens) >= max_positions
-    ended_by_eos = e.tokens[-1] == tokenizer.eos_token_id
+    out_of_tokens = tokens_left(e.model_tokens, max_new_tokens, e.context + len(e.tokens), max_positions) <= 0
     if not (may_close or out_of_tokens):
         return
-    turn = parse_turn(tokenizer.decode(e.tokens[e.turn_start:], skip_special_tokens=True))
-    if turn.kind is TurnKind.NONE and not (ended_by_eos or out_of_tokens):
-        return  # a backtick or '>' that closed nothing: the turn goes on
-    observation = end_or_observe(e, turn, limits, out_of_tokens, probe, tokenizer)
-    if observation is None:
+    turn = turn_over(tokenizer.decode(e.tokens[e.turn_start:], skip_special_tokens=True),
+                     stopped=e.tokens[-1] in ends, out_of_tokens=out_of_tokens)
+    if turn is None:
         return
-    if e.context + len(e.tokens) + len(observation) + 1 > max_positions:  # no room left to answer after it
+    e.end, e.answer = after_turn(turn, e.probes, limits, out_of_tokens)
+    if e.end is not None:
+        return
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    observation = observation_ids(probe(e.prompt, turn.sql), encode, limits)
+    if not observation_fits(e.context + len(e.tokens), len(observation), max_positions):
         e.end = EpisodeEnd.TRUNCATED
         return
     e.probes += 1

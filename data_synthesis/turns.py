@@ -4,8 +4,8 @@ The verl backend estimates pass rates and evaluates on vLLM engines, which canno
 HF KV cache, observations teacher-forced token by token). Here, as in verl's agent loop on its servers, every
 live episode's whole context -- prompt with the probe instructions, its tokens so far, observations -- goes to the
 engine each round, which samples until `</sql>`, EOS, the episode's token budget or the model's positions. The
-turn is cut where its first block closes, parsed and ended by the same rules as `multiturn`
-(`interaction.parse_turn`, `episode_end`); a probe's observation joins the context as tokens. The text of an
+turn is cut where its first block closes, parsed and ended by the protocol `multiturn` and verl's agent loop follow
+too (`data_synthesis.episode`); a probe's observation joins the context as tokens. The text of an
 episode is what a local rollout would write: probes, observations, final answer.
 
 An engine (`TokenEngine`) has a `tokenizer`, `max_model_len` and `continue_ids`; `VLLMSampler` and `HFSampler`
@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from data_synthesis.interaction import (PROBE_CLOSE, EpisodeEnd, ProbeLimits, TurnKind, end_or_observe, parse_turn,
-                                        with_probe_instructions)
+from data_synthesis.episode import (after_turn, end_ids, first_close, observation_fits, observation_ids, tokens_left,
+                                    turn_over)
+from data_synthesis.interaction import PROBE_CLOSE, EpisodeEnd, ProbeLimits, with_probe_instructions
 from data_synthesis.prompts import chat_text
 from data_synthesis.samplers import request_seed
 
@@ -67,7 +68,7 @@ def run_episodes(engine: TokenEngine, prompts: list[list[dict]], probe: Probe, l
     """`n` episodes per prompt (rows i*n .. i*n+n-1 belong to prompt i); the prompts gain the probe instructions.
     `max_new_tokens` bounds each episode's sampled tokens, observations aside; the model's positions bound it all."""
     tokenizer = engine.tokenizer
-    ends = {tokenizer.eos_token_id, *getattr(engine, "end_token_ids", ())}
+    ends = end_ids(tokenizer.eos_token_id, getattr(engine, "end_token_ids", None))
     ids = [tokenizer(chat_text(tokenizer, with_probe_instructions(p, limits)), add_special_tokens=False)["input_ids"]
            for p in prompts]
     episodes = [Episode(r, r // n, list(ids[r // n]), len(ids[r // n])) for r in range(len(prompts) * n)]
@@ -91,7 +92,7 @@ def episode_text(tokenizer, episode: Episode) -> str:
 
 
 def _left(e: Episode, max_new_tokens: int, max_positions: int) -> int:
-    return min(max_new_tokens - e.model_tokens, max_positions - len(e.context))
+    return tokens_left(e.model_tokens, max_new_tokens, len(e.context), max_positions)
 
 
 def _turn_seed(seed: int | None, row: int, n: int, turn: int, limits: ProbeLimits) -> int | None:
@@ -102,30 +103,25 @@ def _turn_seed(seed: int | None, row: int, n: int, turn: int, limits: ProbeLimit
 
 
 def _after_turn(e: Episode, tokens: list[int], tokenizer, probe: Probe, limits: ProbeLimits, max_new_tokens: int,
-                max_positions: int, ends: set[int]) -> None:
+                max_positions: int, ends: frozenset[int]) -> None:
     """Take the engine's tokens up to where the turn closed its first block; end the episode, or run its probe and
-    append the observation, or (nothing closed yet, budget left) let the turn go on next round. A turn that stopped
-    on one of the model's end tokens (`ends`) is over, whichever of them it was."""
+    append the observation, or (the turn not over, `data_synthesis.episode.turn_over`) let it go on next round."""
     def turn_text(k: int) -> str:
         return tokenizer.decode(e.response[e.turn_start:] + tokens[:k], skip_special_tokens=True)
 
-    if parse_turn(turn_text(len(tokens))).kind is not TurnKind.NONE:  # the fewest tokens that close the block
-        low, high = 1, len(tokens)
-        while low < high:
-            mid = (low + high) // 2
-            low, high = (low, mid) if parse_turn(turn_text(mid)).kind is not TurnKind.NONE else (mid + 1, high)
-        tokens = tokens[:low]
+    tokens = tokens[:first_close(len(tokens), turn_text)]
     e.context += tokens
     e.is_model += [1] * len(tokens)
     out_of_tokens = _left(e, max_new_tokens, max_positions) <= 0
-    ended_by_eos = bool(tokens) and tokens[-1] in ends
-    turn = parse_turn(turn_text(0))
-    if turn.kind is TurnKind.NONE and not (ended_by_eos or out_of_tokens or not tokens):
-        return  # stopped at a `</sql>` that closed nothing: the turn goes on
-    observation = end_or_observe(e, turn, limits, out_of_tokens, probe, tokenizer)
-    if observation is None:
+    turn = turn_over(turn_text(0), stopped=not tokens or tokens[-1] in ends, out_of_tokens=out_of_tokens)
+    if turn is None:
         return
-    if len(e.context) + len(observation) >= max_positions:  # no position left to answer after it
+    e.end, e.answer = after_turn(turn, e.probes, limits, out_of_tokens)
+    if e.end is not None:
+        return
+    observation = observation_ids(probe(e.prompt, turn.sql),
+                                  lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], limits)
+    if not observation_fits(len(e.context), len(observation), max_positions):
         e.end = EpisodeEnd.TRUNCATED
         return
     e.probes += 1

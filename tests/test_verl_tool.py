@@ -157,10 +157,13 @@ class ScriptedPolicy:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_tokens=256, question=None, extra=()):
+def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_tokens=256, question=None, extra=(),
+                policy=None, model_dir=None):
     """One rollout of verl's agent-loop machinery with our loop, set up as `sirius train --backend verl` and
     verl's `AgentLoopWorker` set it up: the run config's stage plan, its tool config file, the composed
-    trainer config, tools from that file, the loop from verl's registry through `hydra.utils.instantiate`."""
+    trainer config, tools from that file, the loop from verl's registry through `hydra.utils.instantiate`.
+    `policy`: the server (a `ScriptedPolicy` of `turns` unless given); `model_dir`: the model folder verl is told
+    (its generation_config.json names the model's end tokens)."""
     import hydra
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -171,7 +174,9 @@ def run_episode(tmp_path, db_root, tokenizer, turns, limits=LIMITS, max_new_toke
     Path(plan.paths.tool_config).parent.mkdir(parents=True, exist_ok=True)
     Path(plan.paths.tool_config).write_text(yaml.safe_dump(plan.tool_config))
     config = compose_verl_config(plan.overrides, plan.tool_config)
-    policy = ScriptedPolicy(tokenizer, turns)
+    if model_dir is not None:
+        config.actor_rollout_ref.model.path = str(model_dir)
+    policy = policy or ScriptedPolicy(tokenizer, turns)
     policy.config = config
     tools = initialize_tools_from_config(config.actor_rollout_ref.rollout.multi_turn.tool_config_path)
 
@@ -206,8 +211,9 @@ def test_agent_loop_runs_an_episode_in_our_format(tmp_path, demo_db_root, tokeni
     db = demo_db_root / "retail" / "retail.sqlite"
     paris = sqlite3.connect(db).execute("SELECT count(*) FROM customers WHERE city = 'Paris'").fetchone()[0]
     probe_turn = "Let me look at the table first. <sql>SELECT count(*) FROM customers WHERE city = 'Paris'</sql>"
-    answer_turn = "```sql\nSELECT count(*) FROM customers WHERE city = 'Paris'\n```" + tokenizer.eos_token
-    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn])
+    answer_turn = "```sql\nSELECT count(*) FROM customers WHERE city = 'Paris'\n```"
+    # the server samples past the closed answer (to its EOS); the turn, as locally, ends where the block closed
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn + tokenizer.eos_token])
 
     observation = observation_segment(f"<observation>\nok: 1 row\ncount(*)\n{paris}\n</observation>")
     assert tokenizer.decode(out.response_ids) == probe_turn + observation + answer_turn
@@ -261,12 +267,13 @@ def test_a_non_ascii_observation_is_cut_to_its_token_budget_and_the_episode_answ
                                                                                       tokenizer):
     """200 characters of CJK text are 600 byte-level tokens: counted as 200, the observation overran the response
     budget and the episode ended unanswered (reward -1)."""
-    from sirius_train.verl_backend.translate import observation_tokens
+    from data_synthesis.episode import observation_tokens
 
     one = ProbeLimits(max_turns=1, max_rows=3, max_chars=200, turn_timeout_s=1.0)
     probe_turn = "<sql>SELECT replace(hex(zeroblob(100)), '00', '数据') AS x</sql>"  # 200 characters, 600 tokens
-    answer_turn = "```sql\nSELECT 1\n```" + tokenizer.eos_token
-    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn], limits=one)
+    answer_turn = "```sql\nSELECT 1\n```"
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn + tokenizer.eos_token],
+                              limits=one)
     assert len(policy.calls) == 2  # the answer was asked for after the observation
     text = tokenizer.decode(out.response_ids)
     assert text.endswith(answer_turn) and "... (cut to fit)\n</observation>" in text

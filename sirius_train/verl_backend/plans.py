@@ -92,7 +92,8 @@ def require_positions(cfg: RunConfig, model_path: str | Path | None = None) -> N
     """Prompt plus the longest response must fit the model's positions: vLLM refuses a longer max_model_len (and
     verl's rollout asks for verl.max_prompt_length + data.max_response_length). The fix named is the knob that
     can make room: the prompt length while one is left, else the response's parts (multi-turn: its observations)."""
-    from sirius_train.verl_backend.translate import observation_tokens, response_tokens
+    from data_synthesis.episode import observation_tokens
+    from sirius_train.verl_backend.translate import response_tokens
 
     limit = max_positions(cfg, model_path)
     longest = max(cfg.stages, key=lambda s: response_tokens(cfg, s))

@@ -14,7 +14,8 @@ for the tool config's `class_name`, before it builds any loop:
 - `SqlAgentLoop` (agent loop `sirius_sql`, `rollout.agent.default_agent_loop`): verl's `ToolAgentLoop`
   with the probe instructions added to the prompt and no tool block, generation stopped at `</sql>`, and
   the observation appended as plain tokens (`interaction.observation_segment`; mask 0, log-prob 0) instead
-  of a chat-template tool turn -- the text a local multi-turn rollout produces.
+  of a chat-template tool turn -- the text a local multi-turn rollout produces. Where a turn ends, how the
+  episode ends and what the observation is are the protocol's (`data_synthesis.episode`), as locally.
 """
 
 from __future__ import annotations
@@ -30,19 +31,27 @@ from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
+from data_synthesis.episode import (
+    after_turn,
+    end_ids,
+    first_close,
+    observation_fits,
+    observation_ids,
+    tokens_left,
+    turn_over,
+)
 from data_synthesis.interaction import (
     OBSERVATION_OPEN,
     PROBE_CLOSE,
     ProbeLimits,
     ServerProbes,
     TurnKind,
-    fit_observation,
-    observation_segment,
     parse_turn,
     render_observation,
     run_probe,
     with_probe_instructions,
 )
+from data_synthesis.vllm_sampler import generation_end_ids
 from rewards.databases import resolve_db_path
 from rewards.outcome import Outcome, Status
 from rewards.sandbox import Sandbox
@@ -117,6 +126,20 @@ class SqlProbeParser(ToolParser):
         return text, [FunctionCall(name=TOOL_NAME, arguments=json.dumps({"query": turn.sql}, ensure_ascii=False))]
 
 
+class _TurnServer:
+    """verl's server as `SqlAgentLoop` shows it to `ToolAgentLoop`: each `generate` is one whole model turn of the
+    protocol (`SqlAgentLoop._turn`), however many server calls it takes; everything else is the server's."""
+
+    def __init__(self, server, turn):
+        self._server, self._turn = server, turn
+
+    def __getattr__(self, name):
+        return getattr(self._server, name)
+
+    async def generate(self, **kwargs):
+        return await self._turn(self._server, **kwargs)
+
+
 @register(AGENT_LOOP)
 class SqlAgentLoop(ToolAgentLoop):
     """verl's tool loop in the SIRIUS episode format (see the module docstring). The model's own tokens are
@@ -129,6 +152,9 @@ class SqlAgentLoop(ToolAgentLoop):
         self.tool_schemas = []  # no tool block in the chat template: the prompt is the single-turn prompt
         tool = self.tools[TOOL_NAME]
         self.limits, self.max_new_tokens = tool.limits, tool.max_new_tokens
+        # the model's end tokens: vLLM stops on each EOS id of the model's generation_config.json
+        self.ends = end_ids(self.tokenizer.eos_token_id, generation_end_ids(self.config.actor_rollout_ref.model.path))
+        self.server_manager = _TurnServer(self.server_manager, self._turn)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         kwargs["raw_prompt"] = with_probe_instructions([dict(m) for m in kwargs["raw_prompt"]], self.limits)
@@ -150,12 +176,31 @@ class SqlAgentLoop(ToolAgentLoop):
 
     async def _handle_generating_state(self, agent_data, sampling_params: dict[str, Any],
                                        ignore_termination: bool = False) -> AgentState:
-        mask = agent_data.response_mask
-        left = min(self.max_new_tokens - sum(mask), self.response_length - len(mask))
+        left = self._tokens_left(agent_data)
         if left <= 0:  # out of tokens after an observation: truncated
             return AgentState.TERMINATED
         return await super()._handle_generating_state(agent_data, self._turn_params(sampling_params, left),
                                                       ignore_termination)
+
+    def _tokens_left(self, agent_data) -> int:
+        """The model's own tokens are kept to `max_new_tokens`, verl's response budget holds the observations too."""
+        mask = agent_data.response_mask
+        return tokens_left(sum(mask), self.max_new_tokens, len(mask), self.response_length)
+
+    async def _turn(self, server, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs):
+        """One model turn on verl's server, over when the protocol says (`episode.turn_over`) and cut where its
+        first block closes (`episode.first_close`: nothing the server sampled after a final answer is kept); a
+        `</sql>` that closed nothing, before an end token or the budget, is asked to go on."""
+        budget, tokens, log_probs = sampling_params["max_tokens"], [], []
+        while True:
+            output = await server.generate(prompt_ids=prompt_ids + tokens, **kwargs,
+                                           sampling_params={**sampling_params, "max_tokens": budget - len(tokens)})
+            new, so_far = list(output.token_ids), list(tokens)
+            k = first_close(len(new), lambda j: self.tokenizer.decode(so_far + new[:j], skip_special_tokens=True))
+            tokens, log_probs = so_far + new[:k], log_probs + list(output.log_probs or [])[:k]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if turn_over(text, stopped=not new or new[k - 1] in self.ends, out_of_tokens=len(tokens) >= budget):
+                return output.model_copy(update={"token_ids": tokens, "log_probs": log_probs or None})
 
     def _turn_params(self, sampling_params: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         """One turn's sampling: it stops at the end of a probe, as locally. The parser reads the probe from the
@@ -169,20 +214,18 @@ class SqlAgentLoop(ToolAgentLoop):
         return params
 
     async def _handle_processing_tools_state(self, agent_data) -> AgentState:
-        """Run the turn's probe; its observation joins the context as tokens the loss does not see."""
-        if sum(agent_data.response_mask) >= self.max_new_tokens:  # a probe that used the last token: truncated
+        """Run the turn's probe, unless the protocol ends the episode here (`episode.after_turn`: a probe that
+        used the last token); its observation joins the context as tokens the loss does not see."""
+        turn = parse_turn(self.tokenizer.decode(agent_data.response_ids, skip_special_tokens=True))
+        end, _ = after_turn(turn, agent_data.user_turns, self.limits, self._tokens_left(agent_data) <= 0)
+        if end is not None:
             return AgentState.TERMINATED
         response, reward, _ = await self._call_tool(agent_data.tool_calls[0], agent_data.tools_kwargs, agent_data)
         if reward is not None:
             agent_data.tool_rewards.append(reward)
-        def tokens(text: str) -> list[int]:
-            return self.tokenizer.encode(text, add_special_tokens=False)
-
-        # no more than the tokens the response budget reserves for it (characters may be several tokens each)
-        observation = fit_observation(self._as_observation(response.text), lambda text: len(tokens(text)),
-                                      translate.observation_tokens(self.limits))
-        ids = tokens(observation_segment(observation))
-        if len(agent_data.response_mask) + len(ids) >= self.response_length:
+        ids = observation_ids(self._as_observation(response.text),
+                              lambda text: self.tokenizer.encode(text, add_special_tokens=False), self.limits)
+        if not observation_fits(len(agent_data.response_mask), len(ids), self.response_length):
             return AgentState.TERMINATED
         agent_data.prompt_ids = agent_data.prompt_ids + ids
         agent_data.response_mask = agent_data.response_mask + [0] * len(ids)

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from data_synthesis.interaction import OBSERVATION_CLOSE, OBSERVATION_OPEN
+from data_synthesis.episode import max_observation_chars, observation_tokens
 from rewards.reward import RewardTable
 from sirius_train.config import ConfigError, RunConfig, StageConfig
 
@@ -277,13 +277,6 @@ def engine_context_length(cfg: RunConfig) -> int:
     return cfg.verl.max_prompt_length + max(response_tokens(cfg, s) for s in cfg.stages)
 
 
-def observation_tokens(mt) -> int:
-    """Tokens reserved per observation: one per character of the longest one, with `observation_segment`'s two
-    newlines. Text that tokenizes to more (non-ASCII values under a byte-level tokenizer: up to 4 tokens a
-    character) is cut in the agent loop to fit (`interaction.fit_observation`), never past the budget."""
-    return max_observation_chars(mt) + 2
-
-
 def tool_config(limits, db_root: str, max_new_tokens: int, reward_url: str | None = None) -> dict:
     """verl's tool config (`rollout.multi_turn.tool_config_path`): our SQL tool, where its probes run and
     how far they go (`limits`: `rollout.multi_turn`, or an `interaction.ProbeLimits`), and the model's own
@@ -319,17 +312,6 @@ def multi_turn_overrides(limits, tool_config_path: str) -> list[tuple[str, objec
             ("actor_rollout_ref.rollout.agent.default_agent_loop", AGENT_LOOP),
             # the dataset would count the tool schemas into its prompt-length filter; our prompt shows none
             ("data.tool_config_path", None)]
-
-
-def max_observation_chars(mt) -> int:
-    """The longest observation the SQL tool returns: the body (cut at `max_chars`; each neutralised
-    `</observation>` in the data grows by one character) inside the block's tags and newlines.
-
-    >>> from types import SimpleNamespace
-    >>> max_observation_chars(SimpleNamespace(max_chars=400))
-    457
-    """
-    return mt.max_chars + mt.max_chars // len(OBSERVATION_CLOSE) + len(OBSERVATION_OPEN) + len(OBSERVATION_CLOSE) + 2
 
 
 def _micro_batches(v) -> list[tuple[str, object]]:
