@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -610,7 +611,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
                 _check_index(merged, parts, f"override {override!r}: ")
                 try:
                     parsed = OmegaConf.from_dotlist([f"v={value}"])["v"]  # omegaconf's YAML: 'off' stays a string
-                except OmegaConfBaseException as e:  # an interpolation that does not resolve (${pkg:absent})
+                except (OmegaConfBaseException, yaml.YAMLError) as e:  # ${pkg:absent}; [a={b}] (YAML flow syntax)
                     raise ConfigError(f"override {override!r}: {' '.join(str(e).split()).split(' full_key:')[0]}"
                                       ) from None
                 OmegaConf.update(merged, key.strip(), parsed, merge=True)
@@ -625,8 +626,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def _read_yaml(path: Path):
     """The YAML file as omegaconf reads it; a syntax error (a bad indentation, a tab) is a ConfigError naming the
     line and column where the parser stopped, and the line."""
-    import yaml
-
     try:
         return OmegaConf.load(path)
     except yaml.YAMLError as e:

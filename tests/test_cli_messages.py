@@ -258,3 +258,11 @@ def test_score_and_evaluate_refuse_a_db_root_without_the_databases(tmp_path, spi
                                      str(tmp_path / "pairs.jsonl"), "--output", str(tmp_path / "scored.jsonl"),
                                      "--quiet"])
     assert right.exit_code == 0 and "EX (bird) = 50.00% over 2 pairs" in " ".join(right.output.split())
+
+
+def test_an_override_that_is_not_valid_yaml_is_one_line_naming_it(tmp_path):
+    """A `${...}` inside a flow list is YAML's mapping syntax: the override is named, no parser traceback."""
+    override = "verl.overrides=[trainer.rollout_data_dir=${trainer.default_local_dir}/x]"
+    line = one_error_line(run_cli("train", str(ROOT / "configs" / "nano.yaml"), override, f"output_dir={tmp_path}"))
+    assert line.startswith(f"error: override {override!r}: while parsing a flow sequence"), line
+    assert not any(tmp_path.iterdir())
