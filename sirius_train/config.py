@@ -679,4 +679,14 @@ def _check_index(merged, parts: list[str], where: str) -> None:
 
 
 def to_yaml(cfg: RunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The config as YAML that `load_config` / `run_folder.read_record` read back to the same config: a literal
+    `${...}` in a value (a verl override's interpolation, for verl to resolve) is written escaped."""
+    def escaped(node):
+        if isinstance(node, dict):
+            return {k: escaped(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [escaped(v) for v in node]
+        return node.replace("${", "\\${") if isinstance(node, str) else node
+
+    plain = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=False, enum_to_str=True)
+    return OmegaConf.to_yaml(OmegaConf.create(escaped(plain)))

@@ -251,3 +251,15 @@ def test_resume_anyway_on_a_finished_run_refuses_instead_of_recording_changes_no
                            "--resume-anyway would apply these changes (seed: 0 -> 5) to none of them"), line
     assert "--fresh starts it over" in line
     assert {p: p.read_bytes() for p in cfg.run_dir.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
+def test_the_recorded_config_reads_back_with_a_verl_interpolation_in_it(tmp_path):
+    """`verl.overrides` may hold `${...}` for verl to resolve (e.g. a per-stage rollout folder): the run folder's
+    config.yaml must read back to the same config, or every resume of that run fails."""
+    from sirius_train.config import load_config, to_yaml
+    from sirius_train.run_folder import read_record
+
+    cfg = load_config(NANO, ["verl.overrides=['trainer.rollout_data_dir=\\${trainer.default_local_dir}/../r']"])
+    assert cfg.verl.overrides == ["trainer.rollout_data_dir=${trainer.default_local_dir}/../r"]
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    assert read_record(tmp_path) == cfg
