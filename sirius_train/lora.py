@@ -88,6 +88,14 @@ def skeleton(cfg):
 def check_run(cfg) -> None:
     """`model.lora_*` against the model itself, right after the config loads (`sirius train` / `sirius sft`)."""
     spec = LoraSpec.of(cfg.model)
+    if spec is not None:
+        import importlib.util
+
+        from sirius_train.config import ConfigError
+
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"model.lora_rank={spec.rank} trains peft adapters, and peft is not installed: "
+                              "pip install 'sirius-sql[lora]' (or model.lora_rank=0 for full weights)")
     if spec is not None and spec.target_modules:
         check_targets(linear_module_names(skeleton(cfg)), spec)
 
@@ -103,8 +111,10 @@ def attach(model, spec: LoraSpec):
 
 
 def is_adapted(model) -> bool:
-    from peft import PeftModel
-
+    try:
+        from peft import PeftModel
+    except ImportError:  # without peft no model is adapted (LoRA runs need it: check_run)
+        return False
     return isinstance(model, PeftModel)
 
 

@@ -196,6 +196,16 @@ def test_lora_keys_are_checked_against_the_model_before_anything_starts(tmp_path
             load_config(NANO, [bad])
 
 
+def test_a_lora_run_without_peft_says_which_extra_to_install(tmp_path, monkeypatch):
+    from sirius_train.lora import check_run, is_adapted
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # what `import peft` meets where it is not installed
+    with pytest.raises(ConfigError, match=r"model.lora_rank=4 .* peft is not installed: pip install 'sirius-sql\[lora\]'"):
+        check_run(load_config(NANO, [*tiny_overrides(tmp_path), "model.lora_rank=4"]))
+    check_run(load_config(NANO, tiny_overrides(tmp_path)))  # full weights need no peft
+    assert not is_adapted(torch.nn.Linear(2, 2))
+
+
 def test_a_lora_warm_start_trains_adapters_and_writes_the_merged_model(tmp_path):
     """`sft.lora` (the default with a rank): the Trainer trains and checkpoints adapters only; the warm start's
     model is the base with them merged in, and its card names both."""
