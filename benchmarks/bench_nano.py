@@ -39,6 +39,9 @@ VARIANTS = {
     "default": [],
     "gate-off": ["stages.0.entropy.mode=off", "stages.1.entropy.mode=off"],
     "uniform": ["stages.0.curriculum=uniform", "stages.1.curriculum=uniform"],
+    # rank-8 adapters on every projection for both stages after the same full SFT (nano's embeddings start random),
+    # at 10x the full fine-tune's lr: the common LoRA starting point, not tuned here
+    "lora": ["model.lora_rank=8", "model.lora_alpha=16", "sft.lora=false", "stages.0.lr=2e-3", "stages.1.lr=1e-3"],
 }
 PHASES = ("sft", "stage1", "stage2")
 # every run is evaluated on every held-out set; the test sets first, as in configs/nano.yaml (the run's headline)

@@ -393,3 +393,20 @@ def test_the_same_commands_with_values_the_options_accept_pass():
              "python benchmarks/bench_selector.py --workers 2\n"
              "python benchmarks/bench_variants.py pools --k 3 10\n")
     test_shell_block_commands_match_the_cli(Block(ROOT / "README.md", 1, "bash", right, False))
+
+
+def test_clusters_dry_run_sample_is_what_the_dry_run_prints():
+    """CLUSTER.md shows stage 1's plan from `sirius train configs/sirius32b.yaml --dry-run`: every line of it must be
+    a line the dry run prints today (the plan's figures move with the planner and the configs)."""
+    from conftest import import_verl
+
+    import_verl("verl")
+    text = (ROOT / "docs" / "CLUSTER.md").read_text()
+    sample = next(b.group(2) for b in FENCE.finditer(text) if b.group(1) == "text" and "stage 1: stage1 -- plan"
+                  in b.group(2))
+    out = subprocess.run([sys.executable, "-m", "sirius_train.cli", "train", str(ROOT / "configs" / "sirius32b.yaml"),
+                          "--dry-run"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                         env={**os.environ, "COLUMNS": "400"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    printed = set(out.stdout.splitlines())
+    assert [line for line in sample.splitlines() if line not in printed] == []

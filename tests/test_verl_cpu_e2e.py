@@ -6,8 +6,9 @@ Two runs share the work of every check here (each verl launch costs a minute of 
   into base/model, an SFT warm start on the local backend, the prompt format and answer extraction of
   configs/smollm2.yaml), then one stage of 2 DAPO steps, reward in-process in verl's reward workers.
 - `served`: the nano schedule (`configs/verl_cpu_smoke.yaml`: its own SFT, two stages: the hand-over from stage 1
-  to stage 2), reward through `sirius reward-server` on 127.0.0.1, stopped by SIGTERM after stage 1's first
-  checkpoint and rerun with the same command (verl's resume_mode=auto).
+  to stage 2) with LoRA stages (rank 8; the SFT full, nano's embeddings start random), reward through
+  `sirius reward-server` on 127.0.0.1, stopped by SIGTERM after stage 1's first checkpoint and rerun with the same
+  command (verl's resume_mode=auto).
 
 Run in .venv-verl-cpu: `make test-verl-cpu`. A failed weight sync hangs rather than exits, so every launch has a
 hard timeout, and each run has its own Ray temp folder (Ray's sockets) and its Ray stopped at the end.
@@ -33,6 +34,7 @@ from verl_cpu_runs import stop_ray, verl_metrics
 import_verl("verl")
 import_vllm()
 
+from data_synthesis.demo_dbs import build_demo_dbs  # noqa: E402
 from data_synthesis.difficulty import estimate  # noqa: E402
 from sirius_train.config import load_config  # noqa: E402
 from sirius_train.schedule import prepare_data  # noqa: E402
@@ -151,10 +153,8 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
     the weights before (the SFT warm start) and after the step-1 update (the global_step_1 checkpoint)
     are computed here with transformers: the update moved them by far more than vLLM differs from the actor --
     had the sync failed, vLLM would still serve the old weights and differ from the actor by that whole move."""
-    import pyarrow.parquet as pq
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sirius_train.verl_backend.launch import latest_actor_checkpoint, merge_to_hf, verl_env
 
@@ -167,16 +167,30 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
     merged = merge_to_hf(None, step1 / "actor", plain.parent / "step1_hf", verl_env(str(ROOT), None),
                          plain.parent / "merge_step1.log")
     assert latest_actor_checkpoint(stage_dir / "verl_checkpoints").parent.name == "global_step_2"
-    tokenizer = AutoTokenizer.from_pretrained(before_dir)
+    rows = [json.loads(line) for line in (plain.parent / "rollouts" / "2.jsonl").read_text().splitlines()]
+    update_moved = _mean_log_prob_move(rows, stage_dir / "curriculum.parquet", before_dir, merged)
+    vllm_vs_actor = verl_metrics(stage_dir)[2]["training/rollout_probs_diff_mean"]
+    assert update_moved > 0.01, update_moved
+    assert vllm_vs_actor < update_moved / 5, (vllm_vs_actor, update_moved)
+    assert verl_metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
+
+
+def _mean_log_prob_move(rows: list[dict], curriculum: Path, before: Path, after: Path) -> float:
+    """How far the weights in `after` moved the log-probs of the dumped rollouts' answers from those in `before`
+    (mean absolute per token, computed with transformers)."""
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(before)
     models = {name: AutoModelForCausalLM.from_pretrained(path).eval() for name, path in
-              (("before", before_dir), ("step1", merged))}
+              (("before", before), ("after", after))}
     # verl dumps prompts decoded without special tokens: find each one's token ids among the curriculum's prompts
     prompt_ids = {}
-    for messages in pq.read_table(stage_dir / "curriculum.parquet").column("prompt").to_pylist():
+    for messages in pq.read_table(curriculum).column("prompt").to_pylist():
         text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # as verl's dataset tokenizes it
         prompt_ids[tokenizer.decode(ids, skip_special_tokens=True)] = ids
-    rows = [json.loads(line) for line in (plain.parent / "rollouts" / "2.jsonl").read_text().splitlines()]
     moved = []
     for row in rows:
         prompt = prompt_ids[row["input"]]
@@ -187,16 +201,17 @@ def test_the_update_is_real_and_vllm_samples_from_the_new_weights(plain):
         with torch.no_grad():
             logps = {name: torch.log_softmax(m(ids).logits[0, len(prompt) - 1:-1].float(), -1)
                      .gather(-1, ids[0, len(prompt):, None])[:, 0] for name, m in models.items()}
-        moved.append((logps["step1"] - logps["before"]).abs().mean().item())
-    update_moved = sum(moved) / len(moved)
-    vllm_vs_actor = verl_metrics(stage_dir)[2]["training/rollout_probs_diff_mean"]
-    assert update_moved > 0.01, update_moved
-    assert vllm_vs_actor < update_moved / 5, (vllm_vs_actor, update_moved)
-    assert verl_metrics(stage_dir)[2]["training/rollout_actor_probs_pearson_corr"] > 0.99
+        moved.append((logps["after"] - logps["before"]).abs().mean().item())
+    return sum(moved) / len(moved)
 
 
 def _served_args(work: Path) -> list[str]:
-    return [f"output_dir={work}", "name=served", f"data.db_root={work / 'dbs'}"]
+    # LoRA stages; stage 1 at 50x the full fine-tune's lr, so that one update moves log-probs far beyond vLLM's
+    # numeric distance from the actor (at 10x: 0.0067 against 0.0018); each stage dumps its own rollouts
+    return [f"output_dir={work}", "name=served", f"data.db_root={work / 'dbs'}", "model.lora_rank=8",
+            "model.lora_alpha=16", "sft.lora=false", "stages.0.lr=1e-2", "stages.1.lr=1e-3",
+            "verl.overrides=['trainer.rollout_data_dir=\\${trainer.default_local_dir}/../rollouts',"
+            "actor_rollout_ref.rollout.calculate_log_probs=true]"]
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +220,8 @@ def served(work):
     if (work / "served.json").is_file():
         return {**json.loads((work / "served.json").read_text()), "run": work / "served"}
     ray_dir = work / "r2"
+    data = load_config(NANO, _served_args(work)).data  # the server needs its databases before the run builds them
+    build_demo_dbs(work / "dbs", db_ids=[*data.all_train_dbs(), *data.all_eval_dbs()], seed=0)
     server_log = work / "reward_server.log"
     server = subprocess.Popen([sys.executable, "-m", "sirius_train.cli", "reward-server", "--db-root",
                                str(work / "dbs"), "--port", "0", "--workers", "1"], env=_env(ray_dir), cwd=ROOT,
@@ -220,6 +237,8 @@ def served(work):
         first = _train(NANO, args, _env(ray_dir), work / "served.log", stop_when=marker.is_file)
         stop_ray(ray_dir)
         stopped_at = marker.read_text().strip() if marker.is_file() else None
+        if (step1 := marker.parent / "global_step_1").is_dir():  # retention removes it once step 2 is saved
+            shutil.copytree(step1, work / "served_step1", dirs_exist_ok=True)
         second = _train(NANO, args, _env(ray_dir), work / "served.log")
         import httpx
 
@@ -293,3 +312,41 @@ def test_verls_reward_workers_score_through_the_reward_server(served):
                    and 'code="200"' in line)
     rollouts = 2 * 2 * 4 * 4  # two stages x two steps x 4 prompts x 4 answers, at least (dynamic sampling adds)
     assert requests >= rollouts, served["metrics"][:3000]
+
+
+def test_lora_stages_train_adapters_only_and_vllm_samples_from_the_synced_adapters(served):
+    """A LoRA stage on verl: its checkpoints hold the adapters alone, its model is the stage's start plus a rank-8
+    update on the block projections (nothing else moves), its adapter folder is peft's, and after the step-1 weight
+    sync vLLM samples from the adapted actor (as for a full fine-tune above: verl's vLLM-vs-actor distance on the
+    step-2 rollouts is far below what the step-1 update moved them)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sirius_train.lora import LoraSpec
+    from sirius_train.verl_backend.launch import merge_to_hf, verl_env
+
+    run = served["run"]
+    stage, start = run / "stage1", run / "sft" / "model"
+    shards = torch.load(stage / "verl_checkpoints" / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt",
+                        weights_only=False)
+    assert shards and all("lora_" in name for name in shards), sorted(shards)[:5]
+    adapter = json.loads((stage / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
+    before, after = load_file(start / "model.safetensors"), load_file(stage / "model" / "model.safetensors")
+    projections = [name for name in before if name.endswith("proj.weight")]
+    assert projections and set(projections) <= set(after)
+    for name in before:
+        delta = after[name].float() - before[name].float()
+        if name in projections:
+            assert 0 < torch.linalg.matrix_rank(delta).item() <= 8, name
+        else:  # embeddings, norms, head: frozen
+            assert torch.equal(after[name], before[name]), name
+
+    spec = LoraSpec(8, 16.0)
+    step1 = merge_to_hf(None, run.parent / "served_step1" / "actor", run.parent / "served_step1_hf",
+                        verl_env(str(ROOT), None), run.parent / "merge_served_step1.log", lora=(spec, start))
+    rows = [json.loads(line) for line in (stage / "rollouts" / "2.jsonl").read_text().splitlines()]
+    update_moved = _mean_log_prob_move(rows, stage / "curriculum.parquet", start, step1)
+    vllm_vs_actor = verl_metrics(stage)[2]["training/rollout_probs_diff_mean"]
+    assert update_moved > 0.01, update_moved
+    assert vllm_vs_actor < update_moved / 5, (vllm_vs_actor, update_moved)
