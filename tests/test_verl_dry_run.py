@@ -38,7 +38,7 @@ def test_every_shipped_config_composes(name, extra, tmp_path):
         assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (0.2, 0.28, 10.0)
         assert actor.loss_agg_mode == "token-mean" and actor.use_kl_loss is False
         assert v.algorithm.adv_estimator == "grpo" and v.algorithm.filter_groups.metric == "acc"
-        assert v.reward.reward_manager.name == "dapo"
+        assert v.reward.reward_manager.name == "SiriusDAPORewardManager"
         assert v.reward.reward_kwargs.max_resp_len == v.data.max_response_length == stage.max_new_tokens
         assert v.reward.reward_kwargs.overlong_buffer_cfg.len == stage.overlong_cache
         assert v.trainer.nnodes == cfg.verl.nnodes and v.trainer.n_gpus_per_node == cfg.verl.n_gpus_per_node

@@ -69,7 +69,7 @@ def _score(manager, item) -> dict:
 
 def test_in_process_reward_through_verls_dapo_manager(tokenizer, demo_db_root, tmp_path):
     manager = _manager(tokenizer, demo_db_root, tmp_path)
-    assert type(manager).__name__ == "DAPORewardManager" and manager.max_resp_len == L_MAX
+    assert type(manager).__name__ == "SiriusDAPORewardManager" and manager.max_resp_len == L_MAX
     correct = f"```sql\n{GOLD}\n```"
     shortest = len(tokenizer(correct, add_special_tokens=False)["input_ids"])
     for length in range(shortest, L_MAX + 1):  # every length verl can produce (it truncates at L_MAX)
@@ -92,3 +92,18 @@ def test_reward_server_when_configured(tokenizer, demo_db_root, tmp_path, monkey
         assert float(result["reward_score"]) == 1.0 and result["reward_extra_info"]["acc"] == 1.0
         wrong = _score(manager, _item(tokenizer, "```sql\nSELECT name FROM customers\n```", 12))
         assert float(wrong["reward_score"]) == 0.0
+
+
+def test_a_multi_turn_episode_is_measured_by_the_models_own_tokens(tokenizer, demo_db_root, tmp_path):
+    """Observations sit in verl's response (attention mask 1, response_mask 0): the overlong buffer counts only the
+    model's tokens against max_new_tokens, as the local rollout does (verl's own manager counts both)."""
+    manager = _manager(tokenizer, demo_db_root, tmp_path)
+    correct = f"```sql\n{GOLD}\n```"
+    for own in (L_MAX - L_CACHE, L_MAX - 2):  # before the buffer, and inside it
+        item = _item(tokenizer, correct, L_MAX)  # the whole room used: answer + filler standing in for observations
+        mask = torch.zeros(1, L_MAX, dtype=torch.int64)
+        mask[0, :own] = 1
+        item.batch["response_mask"] = mask
+        result = _score(manager, item)
+        assert float(result["reward_score"]) == pytest.approx(1.0 + overlong_penalty(own, L_MAX, L_CACHE), abs=1e-6)
+        assert result["reward_extra_info"]["overlong"] == (own > L_MAX - L_CACHE)

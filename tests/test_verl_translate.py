@@ -43,7 +43,8 @@ def test_dapo_is_spelled_out_in_current_keys():
         "algorithm.filter_groups.enable": "true",
         "algorithm.filter_groups.metric": "acc",
         "algorithm.filter_groups.max_inflight_gen_batches": "3",
-        "reward.reward_manager.name": "dapo",
+        "reward.reward_manager.source": "importlib",
+        "reward.reward_manager.name": "SiriusDAPORewardManager",  # verl's DAPO manager over the model's own tokens
         "reward.custom_reward_function.path": "/code/rewards/verl_reward.py",
         "reward.custom_reward_function.name": "compute_score",
         "+reward.reward_kwargs.overlong_buffer_cfg.enable": "true",

@@ -6,7 +6,7 @@ What each part of SPEC section 3 becomes in `python -m verl.trainer.main_ppo`:
     clip-higher + dual clip       actor.clip_ratio_low / clip_ratio_high / clip_ratio_c (verl defaults 0.2/3.0!)
     token-mean over the batch     actor.loss_agg_mode=token-mean, policy_loss.loss_mode=vanilla
     dynamic sampling on accuracy  algorithm.filter_groups.{enable, metric=acc, max_inflight_gen_batches}
-    overlong shaping              reward.reward_manager.name=dapo + reward.reward_kwargs.overlong_buffer_cfg
+    overlong shaping              reward_manager.py: verl's DAPO manager over the model's own tokens + overlong_buffer_cfg
     execution reward              reward.custom_reward_function -> rewards/verl_reward.py::compute_score
     entropy gate                  fixed/off: actor.entropy_coeff; adaptive: our trainer (see `entropy.py`)
     LoRA (model.lora_*)           actor_rollout_ref.model.lora_rank / lora_alpha / target_modules, LoRA-only
@@ -171,11 +171,11 @@ def stage_overrides(cfg: RunConfig, index: int, stage: StageConfig, paths: Stage
         ("critic.enable", False),  # GRPO-style advantages: no value model
         # reward: our execution reward through verl's DAPO reward manager (overlong buffer)
         ("reward.num_workers", v.reward_workers),
-        ("reward.reward_manager.name", "dapo"),
+        *_reward_manager(),
         ("reward.custom_reward_function.path", paths.reward_fn),
         ("reward.custom_reward_function.name", "compute_score"),
         *_reward_kwargs(cfg, paths),
-        *_overlong(stage, response_tokens(cfg, stage)),
+        *_overlong(stage),
         # trainer: cluster shape, length, checkpoints, logging
         ("trainer.nnodes", v.nnodes),
         ("trainer.n_gpus_per_node", v.n_gpus_per_node),
@@ -362,14 +362,22 @@ def _lora(cfg: RunConfig) -> list[tuple[str, object]]:
             ("+actor_rollout_ref.actor.checkpoint.save_lora_only", True)]
 
 
-def _overlong(stage: StageConfig, response_tokens: int) -> list[tuple[str, object]]:
+def _reward_manager() -> list[tuple[str, object]]:
+    """verl's DAPO manager, its overlong length the model's own tokens (`reward_manager.SiriusDAPORewardManager`)."""
+    return [("reward.reward_manager.source", "importlib"),
+            ("reward.reward_manager.name", "SiriusDAPORewardManager"),
+            ("reward.reward_manager.module.path", str(PurePath(__file__).with_name("reward_manager.py")))]
+
+
+def _overlong(stage: StageConfig) -> list[tuple[str, object]]:
+    """The overlong buffer over the model's own `max_new_tokens`, as locally (observations are not counted)."""
     prefix = "+reward.reward_kwargs"
     enabled = stage.overlong_cache > 0
     return [(f"{prefix}.overlong_buffer_cfg.enable", enabled),
             (f"{prefix}.overlong_buffer_cfg.len", stage.overlong_cache if enabled else 1),
             (f"{prefix}.overlong_buffer_cfg.penalty_factor", 1.0),
             (f"{prefix}.overlong_buffer_cfg.log", True),
-            (f"{prefix}.max_resp_len", response_tokens)]
+            (f"{prefix}.max_resp_len", stage.max_new_tokens)]
 
 
 def _check_reward_table(cfg: RunConfig) -> None:
