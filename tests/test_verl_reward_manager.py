@@ -107,3 +107,42 @@ def test_a_multi_turn_episode_is_measured_by_the_models_own_tokens(tokenizer, de
         result = _score(manager, item)
         assert float(result["reward_score"]) == pytest.approx(1.0 + overlong_penalty(own, L_MAX, L_CACHE), abs=1e-6)
         assert result["reward_extra_info"]["overlong"] == (own > L_MAX - L_CACHE)
+
+
+def _as_the_agent_loop_scores_it(output, gold: str) -> DataProto:
+    """One episode as verl's `AgentLoopWorker._compute_score` hands it to the reward loop (the path of every run
+    without a reward model): prompt and response ids unpadded, an attention mask of ones over both, no
+    `response_mask`, and the loop's `extra_fields` as `tool_extra_fields`."""
+    prompt, response = torch.tensor(output.prompt_ids), torch.tensor(output.response_ids)
+    ids = torch.cat([prompt, response])
+    return DataProto.from_dict(
+        tensors={"prompts": prompt[None], "responses": response[None], "input_ids": ids[None],
+                 "attention_mask": torch.ones_like(ids)[None]},
+        non_tensors={"data_source": np.array(["sirius-sql"], dtype=object),
+                     "reward_model": np.array([{"style": "rule", "ground_truth": gold}], dtype=object),
+                     "extra_info": np.array([{"db_id": "retail", "compare": "bird"}], dtype=object),
+                     "tool_extra_fields": np.array([output.extra_fields], dtype=object)})
+
+
+def test_an_episode_from_our_agent_loop_is_shaped_on_the_models_own_tokens(demo_db_root, tmp_path):
+    """End to end on verl's streaming reward path: `SqlAgentLoop` runs a probe and an answer whose own tokens sit
+    half-way into the cache (local penalty -0.5) around a long observation; the manager gets the episode as verl's
+    agent loop sends it (no `response_mask`) and must give 1 - 0.5, not the -1 of the whole response counted
+    against `max_new_tokens`."""
+    from test_verl_tool import episode_tokenizer, run_episode
+
+    tokenizer = episode_tokenizer()
+    gold = "SELECT count(*) FROM customers WHERE city = 'Paris'"
+    probe_turn, answer_turn = "<sql>SELECT id FROM orders</sql>", f"```sql\n{gold}\n```"
+    own = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in (probe_turn, answer_turn))
+    cache = 16
+    budget = own + cache // 2
+    out, policy = run_episode(tmp_path, demo_db_root, tokenizer, [probe_turn, answer_turn + tokenizer.eos_token],
+                              max_new_tokens=budget, extra=[f"stages.0.overlong_cache={cache}"])
+    assert sum(out.response_mask) == own and len(out.response_ids) > budget + 10  # a long observation between
+    manager = load_reward_manager(policy.config, tokenizer)
+    result = _score(manager, _as_the_agent_loop_scores_it(out, gold))
+    assert overlong_penalty(own, budget, cache) == -0.5
+    assert float(result["reward_score"]) == pytest.approx(1.0 - 0.5)
+    info = result["reward_extra_info"]
+    assert info["acc"] == 1.0 and info["overlong_reward"] == pytest.approx(-0.5) and info["overlong"]

@@ -38,14 +38,19 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 LIMITS = ProbeLimits(max_turns=2, max_rows=3, max_chars=200, turn_timeout_s=1.0)
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def episode_tokenizer():
+    """A tokenizer for probe-and-answer episodes on the demo database, with a chat template."""
     texts = ["SELECT count(*) FROM customers WHERE city = 'Paris'", "<sql>SELECT name FROM products</sql>",
              "```sql\nSELECT 1\n```", "Let me look at the table first."]
     tok = train_tokenizer(texts * 20, 400)
     # as Qwen's templates do, render tool schemas into the prompt when given some (ours must give none)
     tok.chat_template = "{% if tools %}<|system|>tools: {{ tools | tojson }}\n{% endif %}" + NANO_CHAT_TEMPLATE
     return tok
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return episode_tokenizer()
 
 
 def build_tool(tmp_path, db_root, reward_url=None):

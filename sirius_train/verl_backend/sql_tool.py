@@ -56,6 +56,7 @@ from rewards.databases import resolve_db_path
 from rewards.outcome import Outcome, Status
 from rewards.sandbox import Sandbox
 from sirius_train.verl_backend import translate
+from sirius_train.verl_backend.reward_manager import MODEL_TOKENS
 from sirius_train.verl_backend.translate import AGENT_LOOP, TOOL_NAME, TOOL_PARSER
 
 
@@ -161,7 +162,10 @@ class SqlAgentLoop(ToolAgentLoop):
         if not kwargs.get("tools_kwargs"):  # the row's database: the db_id the reward reads too
             db_id = (kwargs.get("extra_info") or {}).get("db_id")
             kwargs["tools_kwargs"] = {TOOL_NAME: {"create_kwargs": {"db_id": db_id}}}
-        return await super().run(sampling_params, **kwargs)
+        output = await super().run(sampling_params, **kwargs)
+        # verl scores the episode without its response_mask: overlong shaping reads the model's count from here
+        output.extra_fields[MODEL_TOKENS] = sum(output.response_mask)
+        return output
 
     def _cap_text_prompt_length(self, prompt_ids: list[int]) -> list[int]:
         """Refuse a prompt past `rollout.prompt_length` instead of verl's cut from the left (a warning only): verl's
